@@ -1,0 +1,23 @@
+"""Errors that runners turn into one clear message and exit status 2."""
+
+
+class GpJaxError(Exception):
+  """Base class for user-facing errors (bad config, bad data, unknown names)."""
+
+
+class ConfigError(GpJaxError, ValueError):
+  """A configuration value is invalid or names something unknown."""
+
+
+class DataError(GpJaxError, ValueError):
+  """An input file is missing or malformed. The message names file, line and field."""
+
+
+class BackendError(GpJaxError, RuntimeError):
+  """An LLM backend cannot be reached or answered unusably at start-up."""
+
+
+def unknown_name(kind: str, name: str, known) -> ConfigError:
+  """Builds the standard 'unknown X' error listing the valid names."""
+  known = sorted(known)
+  return ConfigError(f"unknown {kind} {name!r}; known {kind}s: {', '.join(known)}")

@@ -1,0 +1,155 @@
+"""Text encoders: one interface, a deterministic hashing encoder (default), and an embedding cache.
+
+Every encoder maps a list of strings to a float32 array [n, dim] of L2-normalised rows. Encoders are
+host-side (numpy out); the policy network only ever sees the arrays.
+"""
+from __future__ import annotations
+
+import abc
+import hashlib
+import pathlib
+import re
+import sqlite3
+import threading
+import zlib
+from typing import Callable, Sequence
+
+import numpy as np
+
+from gp_jax import errors
+
+_WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+
+
+class TextEncoder(abc.ABC):
+  """Maps texts to L2-normalised float32 vectors of width `dim`."""
+  name: str
+  dim: int
+
+  @abc.abstractmethod
+  def encode(self, texts: Sequence[str]) -> np.ndarray:
+    """Returns float32 [len(texts), dim]."""
+
+  def encode_one(self, text: str) -> np.ndarray:
+    return self.encode([text])[0]
+
+
+class HashingEncoder(TextEncoder):
+  """Signed feature hashing of words and word bigrams (no weights, no network, deterministic).
+
+  Each lower-cased word w adds sign(w) to bucket(w), each bigram adds half that; buckets and signs
+  come from crc32 with a seed, so two processes agree. Texts sharing words have a positive inner
+  product, which is all a router needs to tell domains and wording apart.
+  """
+
+  def __init__(self, dim: int = 384, seed: int = 0):
+    if dim <= 0:
+      raise errors.ConfigError(f"hashing encoder dim must be positive, got {dim}")
+    self.dim = dim
+    self.seed = seed
+    self.name = f"hashing-{dim}-{seed}"
+
+  def _features(self, text: str) -> dict[int, float]:
+    words = _WORD.findall(text.lower())
+    feats: dict[int, float] = {}
+    grams = [(w, 1.0) for w in words] + [(a + " " + b, 0.5) for a, b in zip(words, words[1:])]
+    for g, weight in grams:
+      h = zlib.crc32(g.encode(), self.seed)
+      idx = h % self.dim
+      sign = 1.0 if (h >> 31) & 1 else -1.0
+      feats[idx] = feats.get(idx, 0.0) + sign * weight
+    return feats
+
+  def encode(self, texts: Sequence[str]) -> np.ndarray:
+    out = np.zeros((len(texts), self.dim), np.float32)
+    for i, t in enumerate(texts):
+      for idx, v in self._features(t).items():
+        out[i, idx] = v
+    norms = np.linalg.norm(out, axis=1, keepdims=True)
+    return out / np.maximum(norms, 1e-12)
+
+
+class CachedEncoder(TextEncoder):
+  """Memoises another encoder in memory and, optionally, in an SQLite file on disk.
+
+  Keys are sha1(text) under the wrapped encoder's name, so caches of different encoders never mix.
+  """
+
+  def __init__(self, encoder: TextEncoder, path: str | pathlib.Path | None = None):
+    self.inner = encoder
+    self.name = encoder.name
+    self.dim = encoder.dim
+    self._mem: dict[str, np.ndarray] = {}
+    self._lock = threading.Lock()
+    self._db = None
+    if path is not None:
+      path = pathlib.Path(path)
+      path.parent.mkdir(parents=True, exist_ok=True)
+      self._db = sqlite3.connect(str(path), check_same_thread=False)
+      self._db.execute("PRAGMA journal_mode=WAL")
+      self._db.execute("CREATE TABLE IF NOT EXISTS emb (encoder TEXT, key TEXT, vec BLOB, "
+                       "PRIMARY KEY (encoder, key))")
+      self._db.commit()
+    self.hits = 0
+    self.misses = 0
+
+  @staticmethod
+  def _key(text: str) -> str:
+    return hashlib.sha1(text.encode()).hexdigest()
+
+  def encode(self, texts: Sequence[str]) -> np.ndarray:
+    keys = [self._key(t) for t in texts]
+    out = np.zeros((len(texts), self.dim), np.float32)
+    todo: dict[str, list[int]] = {}
+    with self._lock:
+      for i, k in enumerate(keys):
+        v = self._mem.get(k)
+        if v is None and self._db is not None:
+          row = self._db.execute("SELECT vec FROM emb WHERE encoder=? AND key=?",
+                                 (self.name, k)).fetchone()
+          if row is not None:
+            v = np.frombuffer(row[0], np.float32).copy()
+            self._mem[k] = v
+        if v is None:
+          todo.setdefault(k, []).append(i)
+        else:
+          out[i] = v
+          self.hits += 1
+    if todo:
+      uniq = list(todo)
+      vecs = self.inner.encode([texts[todo[k][0]] for k in uniq]).astype(np.float32)
+      with self._lock:
+        for k, v in zip(uniq, vecs):
+          self._mem[k] = v
+          for i in todo[k]:
+            out[i] = v
+          self.misses += len(todo[k])
+        if self._db is not None:
+          self._db.executemany("INSERT OR REPLACE INTO emb VALUES (?, ?, ?)",
+                               [(self.name, k, v.tobytes()) for k, v in zip(uniq, vecs)])
+          self._db.commit()
+    return out
+
+
+_REGISTRY: dict[str, Callable[..., TextEncoder]] = {
+    "hashing": lambda dim=384, seed=0, **_: HashingEncoder(dim=dim, seed=seed),
+}
+
+
+def register_encoder(name: str, factory: Callable[..., TextEncoder]) -> None:
+  """Adds an encoder factory (e.g. the MiniLM encoder registers itself as 'minilm')."""
+  _REGISTRY[name] = factory
+
+
+def make_encoder(name: str, cache_path: str | pathlib.Path | None = None, **kwargs) -> TextEncoder:
+  """Builds a registered encoder by name, wrapped in a cache. Unknown names raise ConfigError."""
+  if name not in _REGISTRY:
+    # Optional encoders register on import of their module.
+    try:
+      import importlib
+      importlib.import_module(f"gp_jax.text.{name}")
+    except ImportError:
+      pass
+  if name not in _REGISTRY:
+    raise errors.unknown_name("text encoder", name, _REGISTRY)
+  return CachedEncoder(_REGISTRY[name](**kwargs), cache_path)

@@ -1,0 +1,22 @@
+# Sourced by the other scripts: creates (once) and activates the project's JAX virtual environment.
+# The venv lives outside the clone, keyed by the requirement files, so CI and repeated runs reuse it.
+set -euo pipefail
+REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+CACHE="${GP_JAX_CACHE:-$HOME/.cache/gp_jax}"
+KEY="$(cat "$REPO/requirements.txt" "$REPO/requirements-test.txt" | sha1sum | cut -c1-12)"
+VENV="$CACHE/venv-$KEY"
+if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
+  echo "[env] creating $VENV"
+  rm -rf "$VENV"
+  mkdir -p "$CACHE"
+  python3 -m venv "$VENV"
+  "$VENV/bin/pip" install -q --upgrade pip >/dev/null
+  "$VENV/bin/pip" install -q -r "$REPO/requirements-test.txt" 2>&1 | grep -v "^WARNING: Location" || true
+  touch "$VENV/.complete"
+fi
+# The project itself is used from this clone (PYTHONPATH), so several clones can share one venv.
+export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
+export PATH="$VENV/bin:$PATH"
+export PYTHONHASHSEED=0
+export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
+cd "$REPO"
