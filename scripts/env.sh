@@ -11,7 +11,9 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
   mkdir -p "$CACHE"
   python3 -m venv "$VENV"
   "$VENV/bin/pip" install -q --upgrade pip >/dev/null
-  "$VENV/bin/pip" install -q -r "$REPO/requirements-test.txt" 2>&1 | grep -v "^WARNING: Location" || true
+  if ! "$VENV/bin/pip" install -q -r "$REPO/requirements-test.txt" >"$CACHE/pip-install.log" 2>&1; then
+    grep -v "^WARNING: Location" "$CACHE/pip-install.log" >&2; echo "[env] pip install failed" >&2; exit 1
+  fi
   touch "$VENV/.complete"
 fi
 # The project itself is used from this clone (PYTHONPATH), so several clones can share one venv.
