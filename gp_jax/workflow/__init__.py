@@ -1,0 +1,1 @@
+"""The agentic routing MDP: workflow trees, masks, transitions, prompts and episodes."""
