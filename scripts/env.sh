@@ -5,8 +5,11 @@ REPO="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 CACHE="${GP_JAX_CACHE:-$HOME/.cache/gp_jax}"
 KEY="$(cat "$REPO/requirements.txt" "$REPO/requirements-test.txt" | sha1sum | cut -c1-12)"
 VENV="$CACHE/venv-$KEY"
+mkdir -p "$CACHE"
+exec 9>"$CACHE/.venv.lock"
+flock 9   # one creator at a time; others wait, then reuse
 if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
-  echo "[env] creating $VENV"
+  echo "[env] creating $VENV" >&2
   rm -rf "$VENV"
   mkdir -p "$CACHE"
   python3 -m venv "$VENV"
@@ -16,6 +19,7 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
   fi
   touch "$VENV/.complete"
 fi
+flock -u 9
 # The project itself is used from this clone (PYTHONPATH), so several clones can share one venv.
 export PYTHONPATH="$REPO${PYTHONPATH:+:$PYTHONPATH}"
 export PATH="$VENV/bin:$PATH"
