@@ -38,7 +38,8 @@ flags.DEFINE_string("python", os.environ.get("GP_JAX_VLLM_PYTHON", sys.executabl
 flags.DEFINE_string("catalog", str(catalog_lib.DEFAULT_POOL_FILE), "LLM catalog (names checked).")
 flags.DEFINE_string("endpoints_out", str(paths.CACHE_DIR / "endpoints.json"),
                     "Endpoints file written once all servers are healthy (removed on stop).")
-flags.DEFINE_string("server_log_dir", str(paths.CACHE_DIR / "vllm-logs"), "Folder of the server logs.")
+flags.DEFINE_string("server_log_dir", str(paths.CACHE_DIR / "vllm-logs"),
+                    "Folder of the server logs.")
 flags.DEFINE_float("health_timeout_s", 900.0, "Seconds a server may take to become healthy.")
 
 
@@ -68,9 +69,10 @@ def main(argv):
   del argv
   try:
     catalog = catalog_lib.load_catalog(FLAGS.catalog)
-    return vllm_server.serve_forever(specs_from_flags(), python=FLAGS.python, log_dir=FLAGS.server_log_dir,
-                                     endpoints_path=FLAGS.endpoints_out,
-                                     health_timeout_s=FLAGS.health_timeout_s, catalog=catalog)
+    return vllm_server.serve_forever(
+        specs_from_flags(), python=FLAGS.python, log_dir=FLAGS.server_log_dir,
+        endpoints_path=FLAGS.endpoints_out, health_timeout_s=FLAGS.health_timeout_s,
+        catalog=catalog)
   except errors.GpJaxError as e:
     print(f"error: {e}", file=sys.stderr)
     return 2

@@ -65,6 +65,19 @@ class _LoopState:
     connector = aiohttp.TCPConnector(limit=0, limit_per_host=0, keepalive_timeout=30.0)
     self.session = aiohttp.ClientSession(
         connector=connector, timeout=aiohttp.ClientTimeout(sock_connect=connect_timeout_s))
+    # asyncio.run cancels every pending task before closing its loop: this one then closes the
+    # session while the loop still runs, so `asyncio.run(pool.chat(...))` leaks no connection.
+    self.closer = self.loop.create_task(self._close_when_cancelled())
+
+  async def _close_when_cancelled(self) -> None:
+    try:
+      await self.loop.create_future()
+    finally:
+      await self.session.close()
+
+  async def close(self) -> None:
+    self.closer.cancel()
+    await asyncio.gather(self.closer, return_exceptions=True)
 
   def _take(self, name: str, avoid: _Replica | None, rng: random.Random) -> _Replica | None:
     free = [r for r in self.replicas[name] if r.in_flight < r.limit]
@@ -346,5 +359,5 @@ class OpenAIPool(base.LLMPool):
   async def aclose(self) -> None:
     state = self._state
     if state is not None and state.loop is asyncio.get_running_loop():
-      await state.session.close()
+      await state.close()
       self._state = None

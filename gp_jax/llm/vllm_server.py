@@ -18,7 +18,6 @@ Two entries with the same catalog name are two replicas of that LLM.
 from __future__ import annotations
 
 import collections
-import ctypes
 import dataclasses
 import json
 import os
@@ -35,9 +34,6 @@ from typing import Mapping, Sequence
 from gp_jax import errors
 from gp_jax.llm import catalog as catalog_lib
 from gp_jax.llm import endpoints as endpoints_lib
-
-_PR_SET_PDEATHSIG = 1
-
 
 @dataclasses.dataclass(frozen=True)
 class BackboneSpec:
@@ -154,12 +150,18 @@ def build_command(spec: BackboneSpec, python: str) -> list[str]:
   return cmd + list(spec.extra_args)
 
 
-def _die_with_parent() -> None:
-  """Runs in the child before exec: SIGTERM it when the parent dies (Linux only)."""
-  try:
-    ctypes.CDLL("libc.so.6", use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-  except OSError:
+# Runs first in the child, then becomes the server by exec: the kernel sends the server SIGTERM
+# when this process dies, even by SIGKILL (Linux; elsewhere a no-op). Doing this in the child
+# instead of a preexec_fn keeps Popen from forking a multithreaded (JAX) interpreter.
+_DEATH_SIGNAL_WRAPPER = """import ctypes, os, sys
+try:
+    ctypes.CDLL(None).prctl(1, 15)  # PR_SET_PDEATHSIG, SIGTERM
+except (OSError, AttributeError):
     pass
+if os.getppid() != int(sys.argv[1]):
+    sys.exit(1)  # the parent died before prctl took effect
+os.execvp(sys.argv[2], sys.argv[2:])
+"""
 
 
 def _port_free(host: str, port: int) -> bool:
@@ -192,9 +194,10 @@ class ServerProcess:
     self.log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(self.log_path, "wb") as log:
       try:
-        self.proc = subprocess.Popen(build_command(self.spec, self.python), stdout=log,
-                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                     start_new_session=True, preexec_fn=_die_with_parent)
+        cmd = build_command(self.spec, self.python)
+        self.proc = subprocess.Popen(
+            [self.python, "-c", _DEATH_SIGNAL_WRAPPER, str(os.getpid())] + cmd, stdout=log,
+            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env, start_new_session=True)
       except OSError as e:
         raise errors.BackendError(f"backbone {self.spec.label}: cannot run {self.python!r} ({e})") from None
 

@@ -232,3 +232,23 @@ def test_parse_chat_response_kinds():
   with pytest.raises(openai_pool._Fault) as e:
     openai_pool.parse_chat_response(401, b"")
   assert not e.value.retryable
+
+
+def test_fake_server_as_subprocess(catalog):
+  import os
+  import subprocess
+  import sys
+  from gp_jax import paths
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "gp_jax.llm.testing_server", "--port", "0", "--models", "m",
+       "--fault_rate", "1.0", "--faults", "http_500"],
+      stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(paths.REPO_ROOT)})
+  try:
+    line = proc.stdout.readline().strip()
+    assert line.startswith("listening on http://127.0.0.1:")
+    pool = make_pool(catalog, line.split()[-1] + "/v1", max_retries=1, check=True)
+    (c,) = run_calls(pool, 1)
+    assert c.error == "http_500" and pool.stats()["faults/http_500"] == 2
+  finally:
+    proc.terminate()
+    proc.wait(10)

@@ -208,3 +208,36 @@ def test_runner_bad_flags_exit_2(tmp_path):
   assert r.returncode == 2 and "give --backbones=FILE" in r.stderr
   r = run(f"--backbones={tmp_path / 'missing.json'}")
   assert r.returncode == 2 and "backbones file not found" in r.stderr
+
+
+def test_server_dies_with_a_killed_parent(stand_in, tmp_path):
+  env, pids = stand_in
+  port = free_port()
+  parent_code = f"""
+import sys, time
+from gp_jax.llm import vllm_server
+spec = vllm_server.make_spec("/models/tiny", ["qwen2.5-7b-instruct"], port={port}, env={env!r})
+s = vllm_server.BackboneServers([spec], python=sys.executable, log_dir={str(tmp_path)!r},
+                                endpoints_path={str(tmp_path / 'e.json')!r}, health_timeout_s=60)
+s.start()
+print("up", flush=True)
+time.sleep(600)
+"""
+  parent = subprocess.Popen([sys.executable, "-c", parent_code], stdout=subprocess.PIPE, text=True,
+                            env={**os.environ, "PYTHONPATH": str(paths.REPO_ROOT)})
+  try:
+    assert parent.stdout.readline().strip() == "up"
+    server_pid = int(pids.read_text().split()[0])
+    assert alive(server_pid)
+    parent.kill()  # SIGKILL: no cleanup code runs in the parent
+    parent.wait(10)
+    deadline = time.monotonic() + 15
+    while alive(server_pid) and time.monotonic() < deadline:
+      time.sleep(0.1)
+    assert not alive(server_pid)
+  finally:
+    if parent.poll() is None:
+      parent.kill()
+    for pid in [int(x) for x in pids.read_text().split()] if pids.exists() else []:
+      if alive(pid):
+        os.kill(pid, signal.SIGKILL)
