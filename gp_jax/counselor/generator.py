@@ -91,17 +91,38 @@ _SITES = ("", " of the skin", " of the liver", " of the stomach", " of the eyes"
           " of the lungs", " of the muscles", " of the scalp", " of the kidneys")
 
 
+class _Draws:
+  """Uniform draws taken from the generator in blocks (one numpy call per 64k draws, not per
+  draw): the per-string choices below are made a few hundred thousand times for 100k nodes."""
+
+  def __init__(self, rng: np.random.Generator):
+    self.rng = rng
+    self.buf = rng.random(1 << 16)
+    self.i = 0
+
+  def below(self, n: int) -> int:
+    """An integer uniform in [0, n)."""
+    if self.i == len(self.buf):
+      self.buf = self.rng.random(1 << 16)
+      self.i = 0
+    u = self.buf[self.i]
+    self.i += 1
+    return min(int(u * n), n - 1)
+
+  def pick(self, seq):
+    return seq[self.below(len(seq))]
+
+
 class _Names:
   """Draws strings that are unique (by normalised text) across the whole graph."""
 
   def __init__(self, rng: np.random.Generator):
-    self.rng = rng
+    self.d = _Draws(rng)
     self.used: set[str] = set()
 
   def word(self, syllables: int) -> str:
-    r = self.rng
-    parts = [_ONSETS[r.integers(len(_ONSETS))] + _VOWELS[r.integers(len(_VOWELS))]
-             + _CODAS[r.integers(len(_CODAS))] for _ in range(syllables)]
+    d = self.d
+    parts = [d.pick(_ONSETS) + d.pick(_VOWELS) + d.pick(_CODAS) for _ in range(syllables)]
     return "".join(parts).capitalize()
 
   def draw(self, n: int, make: Callable[[], str]) -> list[str]:
@@ -119,10 +140,6 @@ class _Names:
       self.used.add(key)
       out.append(s)
     return out
-
-
-def _pick(r: np.random.Generator, seq):
-  return seq[r.integers(len(seq))]
 
 
 def _popularity(r: np.random.Generator, n: int, exponent: float) -> np.ndarray:
@@ -166,30 +183,31 @@ def _node(features: dict, neighbors: dict) -> dict:
 # ----------------------------------------------------------------------------------- domains
 def _academic(n: int, r: np.random.Generator) -> dict:
   names = _Names(r)
+  d = names.d
   c = _counts(n, {"venue": 0.01, "author": 0.4, "paper": None},
               {"venue": 3, "author": 8, "paper": 10}, {"venue": 1500})
   n_v, n_a, n_p = c["venue"], c["author"], c["paper"]
   firsts = [names.word(2) for _ in range(max(20, n_a // 4))]
-  lasts = [names.word(int(r.integers(2, 4))) for _ in range(max(20, n_a // 2))]
+  lasts = [names.word(2 + d.below(2)) for _ in range(max(20, n_a // 2))]
   places = [names.word(2) for _ in range(max(3, n_a // 20))]
-  orgs = [_pick(r, _ORG_KIND).format(p) for p in places]
-  authors = names.draw(n_a, lambda: f"{_pick(r, firsts)} {_pick(r, lasts)}")
+  orgs = [d.pick(_ORG_KIND).format(p) for p in places]
+  authors = names.draw(n_a, lambda: f"{d.pick(firsts)} {d.pick(lasts)}")
 
   def venue_name():
-    form = r.integers(4)
+    form = d.below(4)
     if form == 0:
-      return f"Journal of {_pick(r, _TITLE_NOUN)} in {_pick(r, _TITLE_OBJ)}"
+      return f"Journal of {d.pick(_TITLE_NOUN)} in {d.pick(_TITLE_OBJ)}"
     if form == 1:
-      return f"International Conference on {_pick(r, _TITLE_ADJ)} {_pick(r, _TITLE_NOUN)}"
+      return f"International Conference on {d.pick(_TITLE_ADJ)} {d.pick(_TITLE_NOUN)}"
     if form == 2:
-      return f"Workshop on {_pick(r, _TITLE_ADJ)} {_pick(r, _TITLE_OBJ)}"
-    return f"Transactions on {_pick(r, _TITLE_NOUN)} and {_pick(r, _TITLE_NOUN)}"
+      return f"Workshop on {d.pick(_TITLE_ADJ)} {d.pick(_TITLE_OBJ)}"
+    return f"Transactions on {d.pick(_TITLE_NOUN)} and {d.pick(_TITLE_NOUN)}"
   venues = names.draw(n_v, venue_name)
 
   def title():
-    form = r.integers(5)
-    a, nn, o, t = (_pick(r, _TITLE_ADJ), _pick(r, _TITLE_NOUN), _pick(r, _TITLE_OBJ),
-                   _pick(r, _TITLE_TECH))
+    form = d.below(5)
+    a, nn, o, t = (d.pick(_TITLE_ADJ), d.pick(_TITLE_NOUN), d.pick(_TITLE_OBJ),
+                   d.pick(_TITLE_TECH))
     if form == 0:
       return f"{a} {nn} for {o}"
     if form == 1:
@@ -198,7 +216,7 @@ def _academic(n: int, r: np.random.Generator) -> dict:
       return f"Towards {a} {nn} in {o}"
     if form == 3:
       return f"On the {nn} of {o} under {t}"
-    return f"{a} and {_pick(r, _TITLE_ADJ)} {nn} for {o} via {t}"
+    return f"{a} and {d.pick(_TITLE_ADJ)} {nn} for {o} via {t}"
   titles = names.draw(n_p, title)
   years = np.sort(r.integers(1995, 2025, n_p))  # paper i is never older than paper i-1
   citations = np.floor(r.lognormal(1.6, 1.3, n_p)).astype(int)
@@ -242,14 +260,15 @@ def _academic(n: int, r: np.random.Generator) -> dict:
 
 def _ecommerce(n: int, r: np.random.Generator) -> dict:
   names = _Names(r)
+  d = names.d
   c = _counts(n, {"category": 0.004, "brand": 0.17, "item": None},
               {"category": 4, "brand": 5, "item": 12})
   n_c, n_b, n_i = c["category"], c["brand"], c["item"]
-  cats = names.draw(n_c, lambda: (_pick(r, _CATEGORY) if r.random() < 0.5 else
-                                  f"{_pick(r, _PRODUCT_ADJ)} {_pick(r, _CATEGORY)}"))
-  brands = names.draw(n_b, lambda: f"{names.word(int(r.integers(2, 4)))} {_pick(r, _BRAND_SUFFIX)}")
-  titles = names.draw(n_i, lambda: (f"{_pick(r, _PRODUCT_ADJ)} {_pick(r, _PRODUCT_NOUN)} "
-                                    f"{chr(65 + r.integers(26))}{r.integers(10, 1000)}"))
+  cats = names.draw(n_c, lambda: (d.pick(_CATEGORY) if d.below(2) == 0 else
+                                  f"{d.pick(_PRODUCT_ADJ)} {d.pick(_CATEGORY)}"))
+  brands = names.draw(n_b, lambda: f"{names.word(2 + d.below(2))} {d.pick(_BRAND_SUFFIX)}")
+  titles = names.draw(n_i, lambda: (f"{d.pick(_PRODUCT_ADJ)} {d.pick(_PRODUCT_NOUN)} "
+                                    f"{chr(65 + d.below(26))}{10 + d.below(990)}"))
   prices = np.round(np.exp(r.normal(3.3, 0.8, n_i)) + 0.99, 2)
   ratings = np.round(r.uniform(2.0, 5.0, n_i), 1)
   item_brand = _sample_links(r, n_i, n_b, mean_extra=0.0, base=1, cap=1, exponent=0.9)
@@ -284,20 +303,21 @@ def _ecommerce(n: int, r: np.random.Generator) -> dict:
 
 def _biomedical(n: int, r: np.random.Generator) -> dict:
   names = _Names(r)
+  d = names.d
   c = _counts(n, {"side_effect": 0.1, "disease": 0.15, "compound": 0.35, "gene": None},
               {"side_effect": 6, "disease": 6, "compound": 10, "gene": 10},
               {"side_effect": 1800})
   n_s, n_d, n_c, n_g = c["side_effect"], c["disease"], c["compound"], c["gene"]
-  compounds = names.draw(n_c, lambda: (f"{names.word(int(r.integers(2, 4)))}"
-                                       f"{_pick(r, _DRUG_SUFFIX)} {_pick(r, _SALTS)}").capitalize())
-  diseases = names.draw(n_d, lambda: f"{names.word(int(r.integers(2, 4)))} {_pick(r, _CONDITIONS)}")
+  compounds = names.draw(n_c, lambda: (f"{names.word(2 + d.below(2))}"
+                                       f"{d.pick(_DRUG_SUFFIX)} {d.pick(_SALTS)}").capitalize())
+  diseases = names.draw(n_d, lambda: f"{names.word(2 + d.below(2))} {d.pick(_CONDITIONS)}")
 
   def gene_name():
-    letters = "".join(chr(65 + x) for x in r.integers(26, size=int(r.integers(3, 5))))
-    return f"{letters}{r.integers(1, 30)} {_pick(r, _GENE_FAMILY)}"
+    letters = "".join(chr(65 + d.below(26)) for _ in range(3 + d.below(2)))
+    return f"{letters}{1 + d.below(29)} {d.pick(_GENE_FAMILY)}"
   genes = names.draw(n_g, gene_name)
-  effects = names.draw(n_s, lambda: (f"{_pick(r, _SEVERITY)} {_pick(r, _SYMPTOMS)}"
-                                     f"{_pick(r, _SITES)}").capitalize())
+  effects = names.draw(n_s, lambda: (f"{d.pick(_SEVERITY)} {d.pick(_SYMPTOMS)}"
+                                     f"{d.pick(_SITES)}").capitalize())
   weights = np.round(r.uniform(120.0, 900.0, n_c), 1)
   chrom = r.integers(len(_CHROMOSOMES), size=n_g)
   treats = _sample_links(r, n_c, n_d, mean_extra=0.8, base=1, cap=4, exponent=0.8)

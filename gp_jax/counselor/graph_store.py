@@ -213,7 +213,8 @@ class KnowledgeGraph:
 
 
 def _check_node(node: Any, where: str) -> tuple[dict, dict[str, list[str]]]:
-  if not isinstance(node, Mapping):
+  # Decoded JSON gives plain dicts; checking `dict` (not the Mapping ABC) keeps 100k-node loads fast.
+  if not isinstance(node, dict):
     raise errors.DataError(f"{where}: expected an object with 'features' and 'neighbors'")
   unknown = set(node) - {"features", "neighbors"}
   if unknown:
@@ -221,15 +222,18 @@ def _check_node(node: Any, where: str) -> tuple[dict, dict[str, list[str]]]:
   if "features" not in node:
     raise errors.DataError(f"{where}: missing 'features'")
   feats = node["features"]
-  if not isinstance(feats, Mapping):
+  if not isinstance(feats, dict):
     raise errors.DataError(f"{where}.features: expected an object")
   neigh_raw = node.get("neighbors", {})
-  if not isinstance(neigh_raw, Mapping):
+  if not isinstance(neigh_raw, dict):
     raise errors.DataError(f"{where}.neighbors: expected an object mapping types to id lists")
   neigh: dict[str, list[str]] = {}
   for ntype, ids in neigh_raw.items():
     if not isinstance(ids, list):
       raise errors.DataError(f"{where}.neighbors[{ntype!r}]: expected a list of node ids")
+    if all(type(i) is str for i in ids):
+      neigh[ntype] = list(ids)
+      continue
     out = []
     for i in ids:
       if isinstance(i, bool) or not isinstance(i, (str, int)):

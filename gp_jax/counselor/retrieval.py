@@ -36,18 +36,19 @@ def normalize_text(text: str) -> str:
 
 
 @functools.partial(jax.jit, static_argnames=("k",))
-def top_k_inner_product(matrix: jax.Array, queries: jax.Array, k: int):
+def top_k_inner_product(matrix_t: jax.Array, queries: jax.Array, k: int):
   """Exact top-k by inner product.
 
   Args:
-    matrix: float32 [n, dim] node embeddings.
+    matrix_t: float32 [dim, n] node embeddings, transposed: a query's scores then stream through
+      the matrix row by row, which is what bounds a single-query search on CPU (memory traffic).
     queries: float32 [b, dim] query embeddings.
     k: candidates per query (k <= n).
 
   Returns:
     (scores float32 [b, k], indices int32 [b, k]), best first; ties go to the lower index.
   """
-  scores = jnp.einsum("bd,nd->bn", queries, matrix, precision=jax.lax.Precision.HIGHEST)
+  scores = jnp.matmul(queries, matrix_t, precision=jax.lax.Precision.HIGHEST)
   return jax.lax.top_k(scores, k)
 
 
@@ -77,8 +78,13 @@ class NodeIndex:
     self.graph = graph
     self.encoder = encoder
     self.k = max(1, min(k, len(graph)))
-    self.matrix = jnp.asarray(embeddings, jnp.float32)
+    self.matrix_t = jnp.asarray(np.ascontiguousarray(embeddings.T), jnp.float32)  # [dim, n]
     self._norm_texts = [normalize_text(t) for t in graph.texts()]
+
+  @property
+  def embeddings(self) -> np.ndarray:
+    """float32 [n, dim] node embeddings (a host copy)."""
+    return np.asarray(self.matrix_t).T
 
   def search_vectors(self, queries: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Top-k over the matrix for already-embedded queries.
@@ -96,7 +102,7 @@ class NodeIndex:
       chunk = queries[lo:lo + MAX_QUERY_BUCKET]
       padded = np.zeros((_bucket(len(chunk)), chunk.shape[1]), np.float32)
       padded[:len(chunk)] = chunk
-      s, i = top_k_inner_product(self.matrix, jnp.asarray(padded), self.k)
+      s, i = top_k_inner_product(self.matrix_t, jnp.asarray(padded), self.k)
       scores[lo:lo + len(chunk)] = np.asarray(s)[:len(chunk)]
       idx[lo:lo + len(chunk)] = np.asarray(i)[:len(chunk)]
     return scores, idx
@@ -154,7 +160,7 @@ def build_index(graph: graph_store.KnowledgeGraph, encoder: encoder_lib.TextEnco
       if loaded.shape == (len(graph), encoder.dim):
         emb = loaded
   if emb is None and hit is not None:
-    emb = np.asarray(hit.matrix)
+    emb = hit.embeddings
   if emb is None:
     texts = graph.texts()
     enc = _node_encoder(encoder)

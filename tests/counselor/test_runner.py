@@ -1,0 +1,160 @@
+"""experiments/counselor.py end to end: generate, run on the oracle backend, run on a local
+OpenAI-compatible server with faults, and one-line errors with exit status 2 on bad input."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+from absl import flags
+
+from gp_jax.counselor import experiment
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+RUNNER = ROOT / "experiments" / "counselor.py"
+
+
+def cli(*args, timeout=120):
+  return subprocess.run([sys.executable, str(RUNNER), *args], capture_output=True, text=True,
+                        timeout=timeout, cwd=ROOT)
+
+
+def test_generate_then_run_with_the_oracle_backend(tmp_path):
+  out_dir = tmp_path / "kg"
+  r = cli("--mode=generate", "--domain=biomedical", "--size=tiny", "--seed=5", "--per_template=1",
+          f"--out_dir={out_dir}")
+  assert r.returncode == 0, r.stderr
+  assert (out_dir / "graph.json").exists() and (out_dir / "questions.jsonl").exists()
+  preds = tmp_path / "preds.jsonl"
+  r = cli(f"--graph={out_dir / 'graph.json'}", f"--questions={out_dir / 'questions.jsonl'}",
+          "--pool=oracle", "--method=counselor", f"--out={preds}",
+          "--models=reflect=mixtral-8x22b-instruct-v0.1", "--model=qwen2.5-7b-instruct")
+  assert r.returncode == 0, r.stderr
+  table = r.stdout[r.stdout.index("level"):]
+  for level in ("easy", "medium", "hard", "all"):
+    assert f"\n{level}" in table
+  all_row = next(l for l in table.splitlines() if l.startswith("all")).split()
+  assert all_row[2:7] == ["100.0"] * 5  # Rouge-L, EM, BLEU, judge, EM@1
+  rows = [json.loads(l) for l in preds.read_text().splitlines()]
+  n_questions = len((out_dir / "questions.jsonl").read_text().splitlines())
+  assert len(rows) == n_questions
+  for row in rows:
+    assert row["prediction"] == row["gold"] and row["em"] == 1.0 and row["judge"] == 1.0
+    calls = row["result"]["calls"]
+    assert {c["model"] for c in calls} == {"qwen2.5-7b-instruct"}
+    assert row["result"]["cost_usd"] == pytest.approx(sum(c["cost_usd"] for c in calls))
+    assert row["judge_cost_usd"] > 0
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--pool=oracle", "--method=nope"], "unknown method 'nope'"),
+    (["--pool=weird"], "unknown pool 'weird'"),
+    (["--pool=oracle", "--model=gpt-9"], "unknown LLM 'gpt-9'"),
+    (["--pool=oracle", "--models=plan"], "--models: expected name=value pairs"),
+    (["--pool=endpoints"], "--pool=endpoints needs --endpoints_file"),
+    (["--pool=endpoints", "--endpoints_file=/nonexistent/ep.json"], "endpoints file not found"),
+    (["--pool=oracle", "--text_keys=venue=name"], "unknown node type 'venue'"),
+    (["--pool=oracle", "--limit=-1"], "--limit must be >= 0"),
+])
+def test_bad_flags_exit_2_with_one_line(tmp_path, capsys, args, message):
+  folder = ROOT / "data" / "counselor" / "ecommerce-tiny"
+  rc = _main_in_process([f"--graph={folder / 'graph.json'}",
+                         f"--questions={folder / 'questions.jsonl'}", *args])
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and err.startswith("error: ") and message in err and "\n" not in err
+
+
+def test_bad_files_exit_2(tmp_path, capsys):
+  bad_graph = tmp_path / "g.json"
+  bad_graph.write_text('{"paper_nodes": {"p1": {"features": {}, "neighbors": {"author": ["a9"]}}}}')
+  questions = tmp_path / "q.jsonl"
+  questions.write_text('{"qid": 1, "question": "x", "answer": "y"}\n')
+  cases = [
+      ([f"--graph={bad_graph}", f"--questions={questions}", "--pool=endpoints",
+        "--endpoints_file=/nonexistent"], "endpoints file not found"),
+      ([f"--graph={bad_graph}", f"--questions={questions}", "--pool=oracle"],
+       "1 question(s) have none"),
+      ([f"--graph={tmp_path / 'none.json'}", f"--questions={questions}", "--pool=oracle"],
+       "question(s) have none"),
+      (["--mode=generate", "--domain=legal", f"--out_dir={tmp_path}"], "unknown domain 'legal'"),
+      (["--mode=generate"], "--mode=generate needs --out_dir"),
+      (["--mode=run"], "--mode=run needs --graph and --questions"),
+  ]
+  for args, message in cases:
+    rc = _main_in_process(args)
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and message in err and err.count("\n") == 0, (args, err)
+  gen = tmp_path / "q2.jsonl"
+  gen.write_text((ROOT / "data/counselor/academic-tiny/questions.jsonl").read_text())
+  rc = _main_in_process([f"--graph={bad_graph}", f"--questions={gen}", "--pool=oracle"])
+  err = capsys.readouterr().err.strip()
+  assert rc == 2 and "neighbour id(s) name no node" in err and "--drop_dangling" in err
+
+
+def test_cli_exit_code_for_bad_input(tmp_path):
+  r = cli("--graph=/nonexistent.json", f"--questions={tmp_path / 'none.jsonl'}", "--pool=oracle")
+  assert r.returncode == 2
+  assert r.stderr.strip().splitlines() == [f"error: {tmp_path / 'none.jsonl'}: question file not found"]
+  assert r.stdout == ""
+
+
+def _main_in_process(argv):
+  sys.path.insert(0, str(ROOT))
+  try:
+    from experiments import counselor as runner
+  finally:
+    sys.path.pop(0)
+  flags.FLAGS.unparse_flags()
+  flags.FLAGS([str(RUNNER), *argv])
+  try:
+    return runner.main([str(RUNNER)])
+  finally:
+    flags.FLAGS.unparse_flags()
+
+
+def test_endpoints_pool_against_a_local_server_with_faults(tmp_path):
+  from gp_jax.llm import testing_server
+  folder = ROOT / "data" / "counselor" / "academic-tiny"
+  config = testing_server.ServerConfig(fault_rate=0.25, faults=("malformed", "empty"), seed=1,
+                                       models=("echo",))
+  with testing_server.FakeOpenAIServer(config) as server:
+    ep = tmp_path / "endpoints.json"
+    ep.write_text(json.dumps({"qwen2.5-7b-instruct": [{"base_url": server.url, "model": "echo"}]}))
+    preds = tmp_path / "p.jsonl"
+    logs = []
+    summary = experiment.run_experiment(
+        graph_path=str(folder / "graph.json"), questions_path=str(folder / "questions.jsonl"),
+        method="counselor", pool="endpoints", endpoints_file=str(ep),
+        model="qwen2.5-7b-instruct", limit=4, concurrency=2, out_path=str(preds),
+        settings={"max_steps": 2, "max_reflect": 1}, log=logs.append)
+    requests = server.requests
+  rows = [json.loads(l) for l in preds.read_text().splitlines()]
+  assert len(rows) == 4 and summary["all"]["n"] == 4
+  calls = [c for r in rows for c in r["result"]["calls"]]
+  assert len(calls) + sum(1 for r in rows if r["judge_cost_usd"]) <= requests
+  failed = [c for c in calls if c["error"]]
+  assert failed and {c["error"] for c in failed} <= {"malformed", "empty"}
+  assert summary["all"]["failed_calls"] == len(failed)
+  ok = [c for c in calls if not c["error"]]
+  assert ok and all(c["output"].startswith("echo: ") and c["input_tokens"] > 0 for c in ok)
+  assert all(c["cost_usd"] == pytest.approx((c["input_tokens"] + c["output_tokens"]) * 0.2 / 1e6)
+             for c in ok)
+  # an echoing model never calls Finish: every trial halts at the step limit or on failures
+  for r in rows:
+    assert r["prediction"] is None
+    assert {t["end_reason"] for t in r["result"]["trials"]} <= {"max_steps", "llm_error"}
+  assert any("questions in" in l for l in logs)
+
+
+def test_endpoints_pool_rejects_unserved_models(tmp_path):
+  from gp_jax.llm import testing_server
+  folder = ROOT / "data" / "counselor" / "academic-tiny"
+  from gp_jax import errors
+  with testing_server.FakeOpenAIServer(models=("x",)) as server:
+    ep = tmp_path / "endpoints.json"
+    ep.write_text(json.dumps({"qwen2.5-7b-instruct": [{"base_url": server.url, "model": "x"}]}))
+    with pytest.raises(errors.ConfigError, match=r"no endpoint serves \['gemma-2-9b-it'\]"):
+      experiment.run_experiment(
+          graph_path=str(folder / "graph.json"), questions_path=str(folder / "questions.jsonl"),
+          pool="endpoints", endpoints_file=str(ep), model="qwen2.5-7b-instruct",
+          models="reflect=gemma-2-9b-it", log=lambda s: None)
