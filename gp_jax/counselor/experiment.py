@@ -17,6 +17,7 @@ import time
 from typing import Any, Callable, Mapping
 
 from gp_jax import errors
+from gp_jax import paths
 from gp_jax.counselor import data as data_lib
 from gp_jax.counselor import evaluate as evaluate_lib
 from gp_jax.counselor import functions as functions_lib
@@ -29,6 +30,7 @@ from gp_jax.llm import catalog as catalog_lib
 from gp_jax.text import encoder as encoder_lib
 
 POOLS = ("endpoints", "oracle")
+SAMPLE_DIR = paths.DATA_DIR / "counselor"  # committed tiny generated datasets, <domain>-tiny/
 
 
 def parse_assignments(text: str, what: str) -> dict[str, str]:
@@ -191,3 +193,30 @@ def generate(*, domain: str, size: str, seed: int, per_template: int, out_dir: s
   log(f"{domain}: {len(graph)} nodes, {graph.num_edges()} neighbour entries, {len(questions)} "
       f"questions {levels} in {time.perf_counter() - t0:.1f}s -> {g}, {q}")
   return g, q
+
+
+async def sample_trial(pool: base.LLMPool, model: str, *, domain: str = "academic",
+                       question_index: int = 0, max_steps: int = 3, max_reflect: int = 0,
+                       judge: bool = True, encoder: str = "hashing") -> evaluate_lib.Prediction:
+  """One Graph Counselor run on a committed sample question, scored: the smoke test of a backend.
+
+  Args:
+    pool: any LLM pool (e.g. an OpenAIPool over a real vLLM server).
+    model: catalog name used for every agent kind (and the LLM judge when `judge`).
+    domain: which data/counselor/<domain>-tiny sample.
+    question_index: which of its questions.
+    max_steps, max_reflect: loop limits (small: tiny real models rarely finish).
+    judge: also score with the LLM judge.
+    encoder: text encoder for Retrieve.
+  """
+  folder = SAMPLE_DIR / f"{domain}-tiny"
+  questions = data_lib.load_questions(folder / "questions.jsonl")
+  if not 0 <= question_index < len(questions):
+    raise errors.ConfigError(f"question_index must be in [0, {len(questions)}), got {question_index}")
+  q = questions[question_index]
+  funcs = functions_lib.make_functions(graph_store.load_graph(folder / "graph.json"),
+                                       encoder_lib.make_encoder(encoder))
+  result = await evaluate_lib.run_method(
+      "counselor", q.question, funcs=funcs, pool=pool, select_llm=records.fixed_selector(model),
+      qid=q.qid, max_steps=max_steps, max_reflect=max_reflect, record_prompts=True)
+  return await evaluate_lib.score(q, result, pool=pool, judge_model=model if judge else None)

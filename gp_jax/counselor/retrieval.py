@@ -28,6 +28,7 @@ from gp_jax.text import encoder as encoder_lib
 
 _WORDS = re.compile(r"[a-z0-9]+")
 MAX_QUERY_BUCKET = 256  # larger query batches are searched in chunks of this size
+MEMO_SIZE = 65536       # keywords whose top-1 node is remembered per index
 
 
 def normalize_text(text: str) -> str:
@@ -80,6 +81,7 @@ class NodeIndex:
     self.k = max(1, min(k, len(graph)))
     self.matrix_t = jnp.asarray(np.ascontiguousarray(embeddings.T), jnp.float32)  # [dim, n]
     self._norm_texts = [normalize_text(t) for t in graph.texts()]
+    self._memo: dict[str, str] = {}
 
   @property
   def embeddings(self) -> np.ndarray:
@@ -107,17 +109,31 @@ class NodeIndex:
       idx[lo:lo + len(chunk)] = np.asarray(i)[:len(chunk)]
     return scores, idx
 
-  def search(self, keywords: list[str]) -> list[str]:
-    """Top-1 node id per keyword (exact text match among the top-k preferred)."""
-    if not keywords:
-      return []
-    vecs = np.asarray(self.encoder.encode(list(keywords)), np.float32)
-    _, idx = self.search_vectors(vecs)
-    out = []
-    for kw, cand in zip(keywords, idx):
-      key = normalize_text(kw)
-      pick = next((int(c) for c in cand if self._norm_texts[c] == key), int(cand[0]))
-      out.append(self.graph.ids[pick])
+  def clear_memo(self) -> None:
+    self._memo.clear()
+
+  def search(self, keywords: list[str], *, memo: bool = True) -> list[str]:
+    """Top-1 node id per keyword (exact text match among the top-k preferred).
+
+    Results are memoised per keyword (memo=False bypasses the memo): agents repeat the same
+    Retrieve inside nested calls from step to step, and each search streams the whole matrix.
+    """
+    known = self._memo if memo else {}
+    todo = list(dict.fromkeys(kw for kw in keywords if kw not in known))
+    fresh: dict[str, str] = {}
+    if todo:
+      vecs = np.asarray(self.encoder.encode(todo), np.float32)
+      _, idx = self.search_vectors(vecs)
+      for kw, cand in zip(todo, idx):
+        key = normalize_text(kw)
+        pick = next((int(c) for c in cand if self._norm_texts[c] == key), int(cand[0]))
+        fresh[kw] = self.graph.ids[pick]
+    out = [fresh[kw] if kw in fresh else known[kw] for kw in keywords]
+    if memo:
+      for kw, nid in fresh.items():
+        if len(self._memo) >= MEMO_SIZE:
+          self._memo.pop(next(iter(self._memo)))  # oldest first
+        self._memo[kw] = nid
     return out
 
 

@@ -54,6 +54,19 @@ def test_search_returns_best_node_and_batches_any_size():
   assert index.search([]) == []
 
 
+def test_search_memo():
+  texts = ["red apple", "green pear", "blue plum"]
+  enc = CountingEncoder(encoder_lib.HashingEncoder(dim=64))
+  index = retrieval.NodeIndex(_graph(texts), enc.encode(texts), enc, k=2)
+  enc.texts = 0
+  assert index.search(["green pear", "red apple", "green pear"]) == ["d1", "d0", "d1"]
+  assert enc.texts == 2  # duplicates in one batch are searched once
+  assert index.search(["red apple", "blue plum"]) == ["d0", "d2"] and enc.texts == 3
+  assert index.search(["red apple"], memo=False) == ["d0"] and enc.texts == 4
+  index.clear_memo()
+  assert index.search(["red apple"]) == ["d0"] and enc.texts == 5
+
+
 def test_exact_text_wins_among_candidates():
   # Two texts with the same embedding (a deliberate collision): the exact text must win.
   texts = ["alpha beta", "Alpha, Beta!", "gamma"]
@@ -72,12 +85,12 @@ def test_query_batches_compile_once_per_bucket():
   texts = [f"node number {i}" for i in range(50)]
   enc = encoder_lib.HashingEncoder(dim=48)
   index = retrieval.NodeIndex(_graph(texts), enc.encode(texts), enc, k=4)
-  index.search(texts[:5])  # bucket 8
+  index.search(texts[:5], memo=False)  # bucket 8
   before = retrieval.top_k_inner_product._cache_size()
   for b in (5, 6, 7, 8):
-    index.search(texts[:b])
+    index.search(texts[:b], memo=False)
   assert retrieval.top_k_inner_product._cache_size() == before
-  index.search(texts[:9])  # bucket 16: one more compilation
+  index.search(texts[:9], memo=False)  # bucket 16: one more compilation
   assert retrieval.top_k_inner_product._cache_size() == before + 1
 
 

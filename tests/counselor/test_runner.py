@@ -8,6 +8,7 @@ import sys
 import pytest
 from absl import flags
 
+from gp_jax.counselor import agents
 from gp_jax.counselor import experiment
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
@@ -158,3 +159,30 @@ def test_endpoints_pool_rejects_unserved_models(tmp_path):
           graph_path=str(folder / "graph.json"), questions_path=str(folder / "questions.jsonl"),
           pool="endpoints", endpoints_file=str(ep), model="qwen2.5-7b-instruct",
           models="reflect=gemma-2-9b-it", log=lambda s: None)
+
+
+def test_sample_trial_over_http(tmp_path):
+  from gp_jax.llm import catalog as catalog_lib
+  from gp_jax.llm import openai_pool
+  from gp_jax.llm import testing_server
+  import asyncio
+  with testing_server.FakeOpenAIServer(models=("tiny",)) as server:
+    pool = openai_pool.OpenAIPool(
+        catalog_lib.load_catalog(),
+        {"llama-3.3-nemotron-super-49b-v1": [{"base_url": server.url, "model": "tiny"}]}, check=True)
+
+    async def go():
+      try:
+        return await experiment.sample_trial(pool, "llama-3.3-nemotron-super-49b-v1", max_steps=2)
+      finally:
+        await pool.aclose()
+    pred = asyncio.run(go())
+  r = pred.result
+  assert [c.kind for c in r.calls] == ["plan", "thought", "action"] * 2
+  assert all(c.error is None and c.input_tokens > 0 and c.output_tokens > 0 for c in r.calls)
+  # the server echoes the prompt, cut at the agent's max_tokens (in words)
+  assert all(("echo: " + " ".join(c.prompt.split())).startswith(" ".join(c.output.split()))
+             and c.output_tokens <= agents.DEFAULT_SAMPLING[c.kind].max_tokens for c in r.calls)
+  assert r.cost_usd == pytest.approx(sum((c.input_tokens + c.output_tokens) * 0.9e-6 for c in r.calls))
+  assert r.trials[0].end_reason == "max_steps" and pred.scores["em"] == 0.0
+  assert pred.judge_call is None  # no answer: the judge metric needs no call
