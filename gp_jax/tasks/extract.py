@@ -206,7 +206,7 @@ def extract_choice(text: str, labels, texts=None, filler_words=()) -> str | None
       r"best\s+(?:answer|option|choice)|i\s+(?:choose|pick|select))\b"
       r"\s*(?:is|would\s+be|will\s+be|should\s+be)?\s*(?:option|choice|letter)?\s*[:=]?\s*"
       rf"\$?\s*(?:\\text\{{)?(?P<open>[\(\[]\s*)?(?<![A-Za-z0-9])(?P<label>{alt})(?![A-Za-z0-9])"
-      r"(?P<close>\s*[\)\]])?(?:\})?\$?(?P<after>[^\n]*)",
+      r"(?P<close>\s*[\)\]])?(?:\})?\$?(?=(?P<after>[^\n]*))",
       re.IGNORECASE)
   found = None
   for m in stmt_re.finditer(clean):

@@ -106,8 +106,11 @@ def split_candidates(cands: Sequence[sources.Candidate], *, n_train: int, n_test
                      seed: int, task: str) -> tuple[list, list]:
   """Paper-sized (train, test) lists; disjoint; deterministic in `seed`.
 
-  Test rows come from the source's test split first, then from rows without a split, then from
-  its train split; train rows likewise with the roles swapped.
+  Test rows come from the source's test split, then from rows without a split (then, for
+  test-only tasks, from its train split). Otherwise training rows move to test only when there
+  would be no test rows at all, in proportion to the paper sizes.
+  Train rows come from the source's train split, then rows without a split, then test-split rows
+  the test set did not need.
   """
   rng = random.Random(f"{seed}:{task}")
   order = sorted(cands, key=lambda c: c.key)
@@ -115,8 +118,13 @@ def split_candidates(cands: Sequence[sources.Candidate], *, n_train: int, n_test
   if n_test is None:
     test = list(order)
   else:
-    test = _draw([by_origin(order, "test"), by_origin(order, None), by_origin(order, "train")],
-                 n_test, rng)
+    groups = [by_origin(order, "test"), by_origin(order, None)]
+    if not n_train:  # a test-only task has no training split to protect.
+      groups.append(by_origin(order, "train"))
+    test = _draw(groups, n_test, rng)
+    if not test and n_test and order:
+      share = max(1, round(len(order) * n_test / (n_train + n_test)))
+      test = _draw([order], min(n_test, share), rng)
   taken = {c.key for c in test}
   rest = [c for c in order if c.key not in taken]
   train = _draw([by_origin(rest, "train"), by_origin(rest, None), by_origin(rest, "test")],
