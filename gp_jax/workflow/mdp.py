@@ -56,17 +56,17 @@ class MDPConfig:
   def phase1(self) -> bool:
     return self.phase1_depth > 0
 
-  def max_calls(self) -> int:
-    """Upper bound on LLM calls of an episode (planner, executors, summaries, final, extras)."""
+  def max_calls(self, thinker: bool = False, verifier: bool = False) -> int:
+    """Upper bound on the LLM calls of a complete episode."""
     if self.phase1:
       w, d = self.phase1_width, self.phase1_depth
       planned = sum(w ** i for i in range(d))
       leaves = w ** d
       return 2 * planned + leaves + 1
-    # Each planner call adds <= max_width children (each needs one call) and a summary.
+    # Each planner call adds <= max_width children; each planned node also needs a summary.
     planned = self.p_max
     nodes = 1 + planned * self.max_width
-    return nodes + 2 * planned + 1
+    return (nodes - planned) + 2 * planned + 1 + thinker * nodes + verifier * planned
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,0 +1,68 @@
+"""Default GraphPlanner config: the paper's hyperparameters on the embedded simulated pool."""
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict()
+  c.seed = 0                       # one seed fixes data, init, rollouts and sampling
+  c.alpha = 0.5                    # reward = U - alpha * cost (cost in milli-dollars, see reward.py)
+  c.backend = "simulator"          # "simulator" (embedded) or "endpoints" (OpenAI-compatible servers)
+  c.endpoints_file = ""            # endpoints JSON written by experiments/serve_backbones.py
+  c.catalog_file = ""              # LLM catalog JSON; "" = data/llm_pool.json
+  c.llms = "train"                 # "train" (9 not held out), "all" (12) or a comma list
+  c.roles = "planner,executor,summarizer"   # the paper's roles; add thinker,verifier for App. E
+  c.compile_cache = "~/.cache/gp_jax/xla"   # persistent XLA cache ("" = off)
+
+  c.mdp = ml_collections.ConfigDict()
+  c.mdp.p_max = 2                  # planner calls per episode (authors' code)
+  c.mdp.max_width = 3              # sub-queries kept per planner call
+  c.mdp.max_depth = 3              # nodes at this depth are never planned
+  c.mdp.step_cap = 16              # LLM calls per episode; also the workflow-memory rows
+  c.mdp.phase1_depth = 0           # >0: Phase-1 fixed workflow (router picks only the LLM)
+  c.mdp.phase1_width = 0
+
+  c.data = ml_collections.ConfigDict()
+  c.data.source = "simulated"      # "simulated" or "files" (JSONL from experiments/prepare_data.py)
+  c.data.tasks = "seen"            # simulated tasks for training: seen | unseen | all | comma list
+  c.data.test_tasks = ""           # "" = same as tasks
+  c.data.n_train = 1000            # training queries (simulated) / cap on file rows (0 = all)
+  c.data.n_test = 300              # held-out test queries
+  c.data.train_file = ""
+  c.data.test_file = ""
+
+  c.text = ml_collections.ConfigDict()
+  c.text.encoder = "hashing"       # "hashing" (default, no weights) or "minilm"
+  c.text.dim = 384                 # hashing width (MiniLM is 384)
+  c.text.cache = ""                # SQLite embedding cache path ("" = memory only)
+
+  c.model = ml_collections.ConfigDict()
+  c.model.hidden = 32              # GARNet width (paper: 32)
+  c.model.num_layers = 2           # GARNet layers on the workflow graph
+  c.model.mlp_hidden = 64          # state-fusion / value MLP width
+  c.model.mem_proj = 128           # memory-row text projection width (0 = full text width)
+  c.model.history = "transductive"  # "transductive" (history of training episodes) or "inductive"
+  c.model.history_capacity = 100_000  # history rows kept (oldest evicted between iterations)
+
+  c.ppo = ml_collections.ConfigDict()
+  c.ppo.learning_rate = 3e-4       # paper
+  c.ppo.value_lr_multiplier = 2.0  # paper: value lr x2
+  c.ppo.clip_eps = 0.2             # paper
+  c.ppo.epochs = 4                 # paper
+  c.ppo.num_minibatches = 4
+  c.ppo.gamma = 0.99               # paper
+  c.ppo.gae_lambda = 0.95
+  c.ppo.max_grad_norm = 0.5        # paper
+  c.ppo.entropy_coef = 0.01
+  c.ppo.value_coef = 0.5
+  c.ppo.entropy_stop = 0.05        # stop when mean policy entropy falls below this
+
+  c.train = ml_collections.ConfigDict()
+  c.train.episodes = 4000          # training episodes
+  c.train.episodes_per_iter = 64   # episodes per PPO update
+  c.train.parallel = 64            # episodes in flight
+  c.train.checkpoint_every = 5     # iterations between 'latest' checkpoints
+
+  c.eval = ml_collections.ConfigDict()
+  c.eval.baselines = True          # random and single-LLM policies
+  c.eval.optimum = True            # exact DP optimum (simulator only)
+  return c

@@ -1,0 +1,138 @@
+"""Evaluation of routers: per-domain accuracy, $ cost, reward and LLM calls per query.
+
+Compares the trained router (greedy), a uniformly random valid policy, every single-LLM
+executor-only policy and, on the simulator, the exact optimum. On the simulator the reported
+reward is the expected reward of each episode's actual decisions, E[U | calls] - alpha * cost,
+which removes the simulator's sampling noise; accuracy is the realised one.
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import json
+import pathlib
+
+import jax
+import numpy as np
+
+from gp_jax import system as system_lib
+from gp_jax.llm import simulator as sim
+from gp_jax.rl import rollout
+from gp_jax.types import Query
+from gp_jax.workflow import env as env_lib
+from gp_jax.workflow import mdp
+from gp_jax.workflow import optimal
+from gp_jax.workflow import policies
+
+
+@dataclasses.dataclass
+class Row:
+  policy: str
+  domain: str
+  n: int
+  accuracy: float
+  cost: float       # mean cost units (milli-dollars) per query
+  reward: float     # mean (expected, on the simulator) reward per query
+  calls: float
+
+
+def episode_stats(system: system_lib.System, env: env_lib.WorkflowEnv, q: Query,
+                  state: mdp.WorkflowState) -> tuple[float, float, float, int]:
+  """(realised utility, cost units, reward, calls) of one finished episode."""
+  u = env.utility(state, q)
+  cost = env.cost_units(state)
+  expected_u = sim.expected_utility(system.world, state) if system.world is not None else u
+  return u, cost, expected_u - env.alpha * cost, len(state.calls)
+
+
+def summarize(name: str, system, env, queries: list[Query], states) -> list[Row]:
+  by = collections.defaultdict(list)
+  for q, s in zip(queries, states):
+    st = episode_stats(system, env, q, s)
+    by[q.domain].append(st)
+    by["all"].append(st)
+  rows = []
+  for domain in sorted(by, key=lambda d: (d == "all", d)):
+    a = np.array(by[domain], float)
+    rows.append(Row(name, domain, len(a), *a[:, :3].mean(0), a[:, 3].mean()))
+  return rows
+
+
+def run_router(system, env, model, params, history, queries, *, parallel: int, seed: int):
+  runner = rollout.PolicyRunner(model, system.featurizer.hub_features, parallel)
+  runner.set_params(params, history)
+  eps = asyncio.run(rollout.run_episodes(
+      env, system.featurizer, runner, queries, key=jax.random.PRNGKey(seed), greedy=True,
+      history=history, grow_history=False, seed_salt=("eval", seed)))
+  return [e.state for e in eps]
+
+
+def evaluate(system: system_lib.System, alpha: float, *, router=None, baselines: bool = True,
+             optimum: bool = True, parallel: int = 64, seed: int = 0) -> list[Row]:
+  """Rows for every policy on the system's test queries. router = (model, params, history|None)."""
+  env = system.env(alpha)
+  queries = system.test_queries
+  rows: list[Row] = []
+  if router is not None:
+    model, params, history = router
+    rows += summarize("GraphPlanner", system, env, queries,
+                      run_router(system, env, model, params, history, queries,
+                                 parallel=parallel, seed=seed))
+  if baselines:
+    rows += summarize("random", system, env, queries,
+                      policies.run_policy(env, policies.random_policy, queries, seed=seed))
+    for llm in system.space.llms:
+      rows += summarize(f"single:{llm}", system, env, queries,
+                        policies.run_policy(env, policies.single_llm_policy(system.space, llm),
+                                            queries, seed=seed))
+  if optimum and system.world is not None:
+    solver = optimal.OptimalSolver(system.world, system.space, system.mdp_cfg, alpha, system.describe)
+    rows += summarize("optimum (DP)", system, env, queries,
+                      policies.run_policy(env, policies.oracle_policy(optimal.OraclePolicy(solver)),
+                                          queries, seed=seed))
+  return rows
+
+
+def overall(rows: list[Row]) -> dict[str, Row]:
+  return {r.policy: r for r in rows if r.domain == "all"}
+
+
+def format_table(rows: list[Row], alpha: float) -> str:
+  """Markdown tables: one per domain, policies as rows."""
+  out = []
+  domains = sorted({r.domain for r in rows}, key=lambda d: (d == "all", d))
+  for d in domains:
+    out.append(f"\n### {d} (alpha = {alpha})\n")
+    out.append("| policy | n | accuracy | cost (m$) | reward | calls/query |")
+    out.append("|---|---|---|---|---|---|")
+    for r in sorted((r for r in rows if r.domain == d), key=lambda r: -r.reward):
+      out.append(f"| {r.policy} | {r.n} | {r.accuracy:.3f} | {r.cost:.3f} | {r.reward:.3f} | {r.calls:.2f} |")
+  return "\n".join(out)
+
+
+def verdict(rows: list[Row]) -> dict:
+  """Router vs optimum and vs the best single-LLM policy (on 'all')."""
+  o = overall(rows)
+  res = {}
+  if "GraphPlanner" in o:
+    r = o["GraphPlanner"].reward
+    singles = {k: v.reward for k, v in o.items() if k.startswith("single:")}
+    if "optimum (DP)" in o:
+      res["ratio_to_optimum"] = r / o["optimum (DP)"].reward if o["optimum (DP)"].reward else float("nan")
+    if singles:
+      best = max(singles, key=singles.get)
+      res["best_single"] = best
+      res["best_single_reward"] = singles[best]
+      res["beats_every_single"] = all(r > v for v in singles.values())
+    res["router_reward"] = r
+  return res
+
+
+def write(rows: list[Row], alpha: float, path: str | pathlib.Path) -> dict:
+  path = pathlib.Path(path)
+  v = verdict(rows)
+  path.with_suffix(".json").write_text(json.dumps(
+      dict(alpha=alpha, verdict=v, rows=[dataclasses.asdict(r) for r in rows]), indent=1))
+  path.with_suffix(".md").write_text(format_table(rows, alpha) + "\n")
+  return v

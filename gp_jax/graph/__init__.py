@@ -1,0 +1,2 @@
+"""GARNet: heterogeneous graph memory over queries, role-LLM hubs and memories of past LLM calls."""
+from gp_jax import _jraph_compat  # noqa: F401  (restores aliases jraph utilities still use)

@@ -1,0 +1,1 @@
+"""PPO for GARNet: GAE, the clipped loss, the jitted update, rollouts and the training loop."""

@@ -1,0 +1,42 @@
+"""The main job: train a router, then evaluate it; what experiments/train.py calls."""
+from __future__ import annotations
+
+import pathlib
+import time
+
+from gp_jax import evaluation
+from gp_jax import system as system_lib
+from gp_jax.rl import train as train_lib
+
+
+def evaluate_run(config, workdir, *, tag: str = "eval", system=None, verbose: bool = True) -> dict:
+  """Evaluates the best checkpoint of `workdir`; writes <tag>.md / <tag>.json there."""
+  t0 = time.time()
+  system = system or system_lib.build(config)
+  model, params, history = train_lib.load_router(config, workdir, system)
+  hist = history if config.model.history == "transductive" else None
+  rows = evaluation.evaluate(system, float(config.alpha), router=(model, params, hist),
+                             baselines=bool(config.eval.baselines),
+                             optimum=bool(config.eval.optimum),
+                             parallel=int(config.train.parallel), seed=int(config.seed))
+  v = evaluation.write(rows, float(config.alpha), pathlib.Path(workdir) / tag)
+  if verbose:
+    print(evaluation.format_table([r for r in rows if r.domain == "all"], float(config.alpha)))
+    if "ratio_to_optimum" in v:
+      print(f"\nrouter / optimum expected reward: {v['ratio_to_optimum']:.3f}")
+    if "best_single" in v:
+      print(f"best single LLM: {v['best_single']} ({v['best_single_reward']:.3f}); "
+            f"router beats every single LLM: {v['beats_every_single']}")
+    print(f"evaluation took {time.time() - t0:.0f}s; report: {pathlib.Path(workdir) / tag}.md")
+  return v
+
+
+def train_and_evaluate(config, workdir, *, evaluate: bool = True, verbose: bool = True) -> dict:
+  system = system_lib.build(config)
+  summary = train_lib.train(config, workdir, system=system, verbose=verbose)
+  if verbose:
+    print(f"trained {summary['episodes']} episodes in {summary['train_seconds']:.0f}s "
+          f"(best running reward {summary['best_running']:.3f} at iteration {summary['best_iteration']})")
+  if evaluate:
+    summary["eval"] = evaluate_run(config, workdir, system=system, verbose=verbose)
+  return summary

@@ -1,0 +1,159 @@
+"""PPO (clipped surrogate) for GARNet: the loss and the whole update as one jitted function.
+
+The update runs `epochs` x `num_minibatches` gradient steps inside one jit (nested lax.scan), on a
+TrainingState pytree. Each minibatch encodes the history rows once and gives every transition its
+own history snapshot through a segmented prefix sum over rows sorted by (hub, arrival).
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+import chex
+import flax
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+
+from gp_jax.graph import garnet as garnet_lib
+
+VALUE_MODULES = ("value_row", "value_hub", "value_mlp")
+
+
+@flax.struct.dataclass
+class TrainingState:
+  params: Any
+  opt_state: Any
+  rng: jax.Array
+  update_step: jax.Array     # number of PPO updates applied
+
+
+def make_optimizer(*, learning_rate: float, value_lr_multiplier: float, max_grad_norm: float
+                   ) -> optax.GradientTransformation:
+  """Adam with global-norm clipping; the value network learns `value_lr_multiplier` x faster."""
+  def label(params):
+    return {k: ("value" if k in VALUE_MODULES else "policy") for k in params}
+  return optax.chain(
+      optax.clip_by_global_norm(max_grad_norm),
+      optax.multi_transform({"policy": optax.adam(learning_rate),
+                             "value": optax.adam(learning_rate * value_lr_multiplier)}, label))
+
+
+def masked_log_softmax(logits):
+  return jax.nn.log_softmax(logits)
+
+
+def entropy_of(logits, mask):
+  logp = jax.nn.log_softmax(logits)
+  p = jnp.exp(logp)
+  return -jnp.sum(jnp.where(mask, p * logp, 0.0), -1)
+
+
+def ppo_loss(logits: chex.Array, values: chex.Array, actions: chex.Array, old_logp: chex.Array,
+             advantages: chex.Array, returns: chex.Array, mask: chex.Array, weights: chex.Array, *,
+             clip_eps: float, value_coef: float, entropy_coef: float):
+  """Clipped PPO loss over a batch.
+
+  Args:
+    logits: [B, A] masked logits. values: [B]. actions, old_logp, advantages, returns: [B].
+    mask: [B, A] valid actions. weights: [B] 1 for real transitions, 0 for padding.
+  Returns:
+    (loss, metrics dict).
+  """
+  chex.assert_rank([logits, mask], 2)
+  logp_all = jax.nn.log_softmax(logits)
+  logp = jnp.take_along_axis(logp_all, actions[:, None], 1)[:, 0]
+  ratio = jnp.exp(logp - old_logp)
+  surr = jnp.minimum(ratio * advantages, jnp.clip(ratio, 1 - clip_eps, 1 + clip_eps) * advantages)
+  n = jnp.maximum(weights.sum(), 1.0)
+  policy_loss = -jnp.sum(surr * weights) / n
+  value_loss = 0.5 * jnp.sum(jnp.square(values - returns) * weights) / n
+  entropy = jnp.sum(entropy_of(logits, mask) * weights) / n
+  loss = policy_loss + value_coef * value_loss - entropy_coef * entropy
+  clipfrac = jnp.sum((jnp.abs(ratio - 1) > clip_eps) * weights) / n
+  approx_kl = jnp.sum((old_logp - logp) * weights) / n
+  return loss, dict(loss=loss, policy_loss=policy_loss, value_loss=value_loss, entropy=entropy,
+                    clipfrac=clipfrac, approx_kl=approx_kl, ratio_mean=jnp.sum(ratio * weights) / n)
+
+
+def segment_cumsum(x, seg_start):
+  """Inclusive prefix sums of x [N, d] that restart where seg_start [N] is True."""
+  def combine(a, b):
+    fa, va = a
+    fb, vb = b
+    return fa | fb, jnp.where(fb[..., None], vb, va + vb)
+  return jax.lax.associative_scan(combine, (seg_start, x))[1]
+
+
+def history_sums(model: garnet_lib.GARNet, params, hist: dict, hi: chex.Array):
+  """Per-transition hub sums [B, A, d] and counts [B, A] of the history rows each one saw."""
+  h = model.apply({"params": params}, hist["rows"], method=model.history_rows)
+  cs = segment_cumsum(h, hist["seg_start"])
+  lo = hist["lo"][None]                      # [1, A]
+  count = (hi - lo).astype(jnp.float32)      # [B, A]
+  sums = jnp.where((hi > lo)[..., None], cs[jnp.maximum(hi - 1, 0)], 0.0)
+  return sums, count
+
+
+def forward_batch(model, params, hub_features, hist, batch):
+  """Logits [B, A] and values [B] of a minibatch, each with its own history snapshot."""
+  sums, count = history_sums(model, params, hist, batch["hist_hi"])
+  def one(obs, s, c):
+    h_hist = model.apply({"params": params}, hub_features, s, c, method=model.history_hubs)
+    logits = model.apply({"params": params}, h_hist, obs, method=model.policy)
+    value = model.apply({"params": params}, hub_features, obs, method=model.value)
+    return logits, value
+  return jax.vmap(one)(batch["obs"], sums, count)
+
+
+def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransformation, *,
+                   epochs: int, num_minibatches: int, clip_eps: float, value_coef: float,
+                   entropy_coef: float):
+  """Returns update(state, hub_features, hist, batch) -> (state, metrics), jitted once per shape.
+
+  batch: dict of arrays with leading dim N (a multiple of num_minibatches): obs (dict), actions,
+  old_logp, advantages, returns, weights, hist_hi [N, A].
+  """
+  loss_kw = dict(clip_eps=clip_eps, value_coef=value_coef, entropy_coef=entropy_coef)
+
+  def loss_fn(params, hub_features, hist, mb):
+    logits, values = forward_batch(model, params, hub_features, hist, mb)
+    w = mb["weights"]
+    adv = mb["advantages"]
+    return ppo_loss(logits, values, mb["actions"], mb["old_logp"], adv, mb["returns"],
+                    mb["obs"]["mask"], w, **loss_kw)
+
+  def update(state: TrainingState, hub_features, hist, batch):
+    n = batch["actions"].shape[0]
+    mb_size = n // num_minibatches
+    # Advantage normalisation over the real transitions of the whole batch.
+    w = batch["weights"]
+    mean = jnp.sum(batch["advantages"] * w) / jnp.maximum(w.sum(), 1)
+    std = jnp.sqrt(jnp.sum(jnp.square(batch["advantages"] - mean) * w) / jnp.maximum(w.sum(), 1))
+    batch = dict(batch, advantages=(batch["advantages"] - mean) / (std + 1e-8))
+
+    def epoch(carry, key):
+      params, opt_state = carry
+      perm = jax.random.permutation(key, n)
+      shuffled = jax.tree_util.tree_map(lambda x: x[perm].reshape((num_minibatches, mb_size) + x.shape[1:]), batch)
+
+      def minibatch(carry, mb):
+        params, opt_state = carry
+        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, hub_features, hist, mb)
+        updates, opt_state = optimizer.update(grads, opt_state, params)
+        params = optax.apply_updates(params, updates)
+        metrics["grad_norm"] = optax.global_norm(grads)
+        return (params, opt_state), metrics
+
+      (params, opt_state), metrics = jax.lax.scan(minibatch, (params, opt_state), shuffled)
+      return (params, opt_state), metrics
+
+    rng, key = jax.random.split(state.rng)
+    (params, opt_state), metrics = jax.lax.scan(epoch, (state.params, state.opt_state),
+                                                jax.random.split(key, epochs))
+    metrics = jax.tree_util.tree_map(jnp.mean, metrics)
+    metrics["param_norm"] = optax.global_norm(params)
+    return TrainingState(params, opt_state, rng, state.update_step + 1), metrics
+
+  return jax.jit(update, donate_argnums=(0,))

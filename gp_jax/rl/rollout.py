@@ -1,0 +1,167 @@
+"""Rollouts: many episodes in flight, one batched jitted policy call per lock-step.
+
+Each lock-step gathers the observation of every running episode, scores them with one call of
+the jitted GARNet policy, then awaits all their LLM calls together (asyncio). Finished episodes
+hand their slot to the next query. The order of everything is fixed by slot order, so a run is
+deterministic whatever the LLM latencies. Per-hub history sums for decisions are kept
+incrementally: rows are transformed once, with the current parameters, when they arrive.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import hashlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gp_jax.graph import features as features_lib
+from gp_jax.graph import garnet as garnet_lib
+from gp_jax.graph import history as history_lib
+from gp_jax.types import Query
+from gp_jax.workflow import env as env_lib
+from gp_jax.workflow import mdp
+
+ROW_CHUNK = 64   # new history rows are transformed in chunks of this size (one compile)
+
+
+class PolicyRunner:
+  """Jitted batched policy with incrementally maintained history hub sums (host side)."""
+
+  def __init__(self, model: garnet_lib.GARNet, hub_features: np.ndarray, batch_size: int):
+    self.model, self.batch_size = model, batch_size
+    self.hub_features = jnp.asarray(hub_features)
+    A = hub_features.shape[0]
+    self.num_hubs = A
+    self.params = None
+    self.hub_sum = np.zeros((A, model.hidden), np.float32)
+    self.hub_count = np.zeros(A, np.float32)
+
+    def act(params, hub_features, hub_sum, hub_count, obs, key, greedy):
+      h_hist = model.apply({"params": params}, hub_features, hub_sum, hub_count,
+                           method=model.history_hubs)
+      logits = jax.vmap(lambda o: model.apply({"params": params}, h_hist, o, method=model.policy))(obs)
+      values = jax.vmap(lambda o: model.apply({"params": params}, hub_features, o,
+                                              method=model.value))(obs)
+      sampled = jax.random.categorical(key, logits)
+      actions = jnp.where(greedy, jnp.argmax(logits, -1), sampled)
+      logp = jnp.take_along_axis(jax.nn.log_softmax(logits), actions[:, None], 1)[:, 0]
+      return actions, logp, values
+
+    def rows_fn(params, rows, hubs):
+      h = model.apply({"params": params}, rows, method=model.history_rows)
+      return jax.ops.segment_sum(h, hubs, A + 1)[:A], jax.ops.segment_sum(
+          jnp.ones(hubs.shape[0]), hubs, A + 1)[:A]
+
+    self._act = jax.jit(act)
+    self._rows = jax.jit(rows_fn)
+
+  def set_params(self, params, history: history_lib.HistoryMemory | None) -> None:
+    """New parameter version: recompute the history hub sums once."""
+    self.params = params
+    self.hub_sum[:] = 0
+    self.hub_count[:] = 0
+    if history is not None and len(history):
+      rows, hubs = history.padded()
+      s, c = self._rows(params, rows, hubs)
+      self.hub_sum[:] = np.asarray(s)
+      self.hub_count[:] = np.asarray(c)
+
+  def add_history(self, rows: np.ndarray, hubs: np.ndarray) -> None:
+    for i in range(0, len(rows), ROW_CHUNK):
+      r, h = rows[i:i + ROW_CHUNK], hubs[i:i + ROW_CHUNK]
+      pr = np.zeros((ROW_CHUNK, rows.shape[1]), np.float32)
+      pr[:len(r)] = r
+      ph = np.full(ROW_CHUNK, self.num_hubs, np.int32)
+      ph[:len(h)] = h
+      s, c = self._rows(self.params, pr, ph)
+      self.hub_sum += np.asarray(s)
+      self.hub_count += np.asarray(c)
+
+  def act(self, obs: dict, key, greedy: bool):
+    a, lp, v = self._act(self.params, self.hub_features, self.hub_sum, self.hub_count, obs, key,
+                         jnp.asarray(greedy))
+    return np.asarray(a), np.asarray(lp), np.asarray(v)
+
+
+@dataclasses.dataclass
+class Episode:
+  query: Query
+  state: mdp.WorkflowState
+  seed: int
+  task_emb: np.ndarray
+  query_emb: np.ndarray
+  rows: np.ndarray
+  obs: list = dataclasses.field(default_factory=list)
+  actions: list = dataclasses.field(default_factory=list)
+  logp: list = dataclasses.field(default_factory=list)
+  values: list = dataclasses.field(default_factory=list)
+  rewards: list = dataclasses.field(default_factory=list)
+  snapshots: list = dataclasses.field(default_factory=list)
+  utility: float = 0.0
+
+  @property
+  def episode_return(self) -> float:
+    return float(sum(self.rewards))
+
+
+def episode_seed(*keys) -> int:
+  return int.from_bytes(hashlib.blake2b(repr(keys).encode(), digest_size=4).digest(), "little")
+
+
+async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featurizer,
+                       runner: PolicyRunner, queries: list[Query], *, key: jax.Array,
+                       greedy: bool, history: history_lib.HistoryMemory | None,
+                       grow_history: bool, seed_salt, task_text=None) -> list[Episode]:
+  """Runs one episode per query, runner.batch_size at a time; returns them in query order.
+
+  Args:
+    history: the history memory decisions read (None: inductive, no history).
+    grow_history: add each finished episode's calls to `history` (training, transductive).
+    seed_salt: mixed into each episode's LLM sampling seed.
+    task_text: query -> text embedded as the task node (default: task description).
+  """
+  task_text = task_text or (lambda q: env.describe(q)[0])
+  encoder = featurizer.encoder
+  pending = list(enumerate(queries))[::-1]
+  slots: list[tuple[int, Episode] | None] = [None] * runner.batch_size
+  done: dict[int, Episode] = {}
+  row_dim = featurizer.spec.row_dim
+
+  def start(slot: int) -> None:
+    if not pending:
+      slots[slot] = None
+      return
+    i, q = pending.pop()
+    t_emb, q_emb = encoder.encode([task_text(q), q.query])
+    slots[slot] = (i, Episode(q, env.reset(q), episode_seed(seed_salt, i, q.qid), t_emb, q_emb,
+                              np.zeros((0, row_dim), np.float32)))
+
+  for s in range(runner.batch_size):
+    start(s)
+  step = 0
+  while any(slots):
+    live = [(s, slot) for s, slot in enumerate(slots) if slot is not None]
+    obs = [featurizer.observe(ep.state, ep.task_emb, ep.query_emb, ep.rows, env.mask(ep.state))
+           for _, (_, ep) in live]
+    batch = features_lib.stack(obs, pad_to=runner.batch_size)
+    actions, logp, values = runner.act(batch, jax.random.fold_in(key, step), greedy)
+    step += 1
+    snap = history.snapshot() if history is not None else 0
+    results = await asyncio.gather(*[
+        env.step(ep.state, ep.query, int(actions[j]), ep.seed) for j, (_, (_, ep)) in enumerate(live)])
+    for j, ((s, (i, ep)), res) in enumerate(zip(live, results)):
+      ep.obs.append(obs[j]); ep.actions.append(int(actions[j])); ep.logp.append(float(logp[j]))
+      ep.values.append(float(values[j])); ep.rewards.append(res.reward); ep.snapshots.append(snap)
+      ep.rows = np.concatenate([ep.rows, featurizer.memory_rows([res.call], None)])
+      if res.done:
+        ep.utility = env.utility(ep.state, ep.query)
+        if grow_history and history is not None:
+          rows = featurizer.memory_rows(ep.state.calls, ep.utility)
+          hubs = np.array([c.action for c in ep.state.calls], np.int32)
+          history.add(rows, hubs)
+          runner.add_history(rows, hubs)
+        done[i] = ep
+        start(s)
+  return [done[i] for i in range(len(queries))]

@@ -1,0 +1,275 @@
+"""GraphPlanner training: rollouts on the routing MDP, jitted PPO updates, checkpoints, metrics.
+
+`train_and_evaluate(config, workdir)` is the whole run. The host loop (not jittable: LLM calls) per
+iteration: roll out `episodes_per_iter` training queries with the sampled policy, build one padded
+batch (GAE in JAX), apply the jitted PPO update, evict history beyond capacity, refresh the history
+hub sums for the new parameters, log, checkpoint. Resuming from `workdir` continues from the latest
+checkpoint (params, optimizer, history memory, PRNG state, counters) and reproduces the run.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import pathlib
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gp_jax import errors
+from gp_jax import system as system_lib
+from gp_jax.graph import features as features_lib
+from gp_jax.graph import garnet as garnet_lib
+from gp_jax.graph import history as history_lib
+from gp_jax.rl import checkpoint as checkpoint_lib
+from gp_jax.rl import gae as gae_lib
+from gp_jax.rl import ppo
+from gp_jax.rl import rollout
+
+
+def batch_size_for(episodes_per_iter: int, max_calls: int, num_minibatches: int) -> int:
+  """Fixed padded transition count of every update: all the calls the episodes could make,
+  rounded up to a multiple of 8 per minibatch (one shape per run, so one compilation)."""
+  unit = 8 * num_minibatches
+  return -(-episodes_per_iter * max_calls // unit) * unit
+
+
+_gae = jax.jit(gae_lib.batched_gae)
+
+
+def build_batch(episodes: list[rollout.Episode], history: history_lib.HistoryMemory | None, *,
+                gamma: float, gae_lambda: float, batch_size: int, num_hubs: int) -> tuple[dict, dict]:
+  """PPO batch padded to `batch_size` transitions, and history inputs, from finished episodes."""
+  T = max(len(e.rewards) for e in episodes)
+  E = len(episodes)
+  rewards = np.zeros((E, T), np.float32)
+  discounts = np.zeros((E, T), np.float32)
+  values = np.zeros((E, T + 1), np.float32)
+  for i, e in enumerate(episodes):
+    n = len(e.rewards)
+    rewards[i, :n] = e.rewards
+    discounts[i, :n - 1] = gamma          # the last step is terminal
+    values[i, :n] = e.values
+  adv = np.asarray(_gae(rewards, discounts, values, gae_lambda))
+  obs, actions, logp, advs, rets, snaps = [], [], [], [], [], []
+  for i, e in enumerate(episodes):
+    n = len(e.rewards)
+    obs += e.obs
+    actions += e.actions
+    logp += e.logp
+    advs += list(adv[i, :n])
+    rets += list(adv[i, :n] + values[i, :n])
+    snaps += e.snapshots
+  n = len(actions)
+  N = batch_size
+  if n > N:
+    raise ValueError(f"{n} transitions exceed the batch size {N}")
+  def pad(x, dtype):
+    x = np.asarray(x, dtype)
+    out = np.zeros((N,) + x.shape[1:], dtype)
+    out[:n] = x
+    return out
+  obs_b = features_lib.stack(obs, pad_to=N)
+  hist = history if history is not None else history_lib.HistoryMemory(
+      obs_b["rows"].shape[-1], num_hubs, capacity=0)
+  hist_inputs = hist.update_inputs(np.asarray(snaps))
+  hi = np.zeros((N, num_hubs), np.int32)
+  hi[:n] = hist_inputs.pop("hi")
+  hi[n:] = hist_inputs["lo"]
+  batch = dict(obs=obs_b, actions=pad(actions, np.int32), old_logp=pad(logp, np.float32),
+               advantages=pad(advs, np.float32), returns=pad(rets, np.float32),
+               weights=pad(np.ones(n), np.float32), hist_hi=hi)
+  return batch, hist_inputs
+
+
+class MetricsLog:
+  """metrics.jsonl in the workdir; on resume, lines past the restored iteration are dropped."""
+
+  def __init__(self, path: pathlib.Path, keep_through_iteration: int):
+    self.path = path
+    lines = path.read_text().splitlines() if path.exists() else []
+    kept = [l for l in lines if l.strip() and json.loads(l).get("iteration", -1) <= keep_through_iteration]
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(l + "\n" for l in kept))
+    tmp.replace(path)
+
+  def write(self, record: dict) -> None:
+    with self.path.open("a") as f:
+      f.write(json.dumps(record, sort_keys=True) + "\n")
+
+
+def make_model(config) -> garnet_lib.GARNet:
+  m = config.model
+  if m.history not in ("transductive", "inductive"):
+    raise errors.ConfigError(f"config.model.history must be 'transductive' or 'inductive', got {m.history!r}")
+  return garnet_lib.GARNet(hidden=int(m.hidden), num_layers=int(m.num_layers),
+                           mlp_hidden=int(m.mlp_hidden), use_history=m.history == "transductive")
+
+
+def init_state(model, featurizer, optimizer, seed: int) -> ppo.TrainingState:
+  spec = featurizer.spec
+  obs = dict(task=np.zeros(spec.text_dim, np.float32), query=np.zeros(spec.text_dim, np.float32),
+             state=np.zeros(spec.state_dim, np.float32),
+             rows=np.zeros((spec.max_rows, spec.row_dim), np.float32),
+             row_hub=np.full(spec.max_rows, spec.num_actions, np.int32),
+             row_valid=np.zeros(spec.max_rows, bool), mask=np.ones(spec.num_actions, bool))
+  key = jax.random.PRNGKey(seed)
+  init_key, rng = jax.random.split(key)
+  params = model.init(init_key, jnp.asarray(featurizer.hub_features),
+                      jnp.zeros((2, spec.row_dim)), obs)["params"]
+  return ppo.TrainingState(params=params, opt_state=optimizer.init(params), rng=rng,
+                           update_step=jnp.zeros((), jnp.int32))
+
+
+def enable_compile_cache(path: str) -> None:
+  """Keeps compiled XLA programs on disk so repeated runs (and resumes) skip recompiling."""
+  if path:
+    path = str(pathlib.Path(path).expanduser())
+    pathlib.Path(path).mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def _validate(config) -> None:
+  t, p = config.train, config.ppo
+  checks = [(t.episodes >= 1, "train.episodes >= 1"), (t.episodes_per_iter >= 1, "train.episodes_per_iter >= 1"),
+            (t.parallel >= 1, "train.parallel >= 1"), (p.epochs >= 1, "ppo.epochs >= 1"),
+            (p.num_minibatches >= 1, "ppo.num_minibatches >= 1"), (0 < p.clip_eps < 1, "0 < ppo.clip_eps < 1"),
+            (p.learning_rate > 0, "ppo.learning_rate > 0"), (0 <= p.gamma <= 1, "0 <= ppo.gamma <= 1"),
+            (0 <= p.gae_lambda <= 1, "0 <= ppo.gae_lambda <= 1"), (config.alpha >= 0, "alpha >= 0"),
+            (config.model.history_capacity >= 0, "model.history_capacity >= 0"),
+            (t.checkpoint_every >= 1, "train.checkpoint_every >= 1")]
+  for ok, what in checks:
+    if not ok:
+      raise errors.ConfigError(f"invalid config: need {what}")
+
+
+def _progress(it: int, n_iters: int, rec: dict, t0: float) -> None:
+  width = 24
+  done = int(width * (it + 1) / n_iters)
+  sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] iter {it + 1}/{n_iters} "
+                   f"return {rec['episode_return']:+.3f} running {rec['running_reward']:+.3f} "
+                   f"entropy {rec['entropy']:.2f} {time.time() - t0:.0f}s")
+  sys.stderr.flush()
+
+
+def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | None = None,
+          verbose: bool = True) -> dict:
+  """Trains a router; returns a summary. Resumes from the latest checkpoint in workdir."""
+  _validate(config)
+  enable_compile_cache(config.get("compile_cache", ""))
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  sysm = system or system_lib.build(config)
+  env = sysm.env(float(config.alpha))
+  model = make_model(config)
+  p = config.ppo
+  optimizer = ppo.make_optimizer(learning_rate=p.learning_rate, value_lr_multiplier=p.value_lr_multiplier,
+                                 max_grad_norm=p.max_grad_norm)
+  state = init_state(model, sysm.featurizer, optimizer, config.seed)
+  update = ppo.make_update_fn(model, optimizer, epochs=int(p.epochs), num_minibatches=int(p.num_minibatches),
+                              clip_eps=p.clip_eps, value_coef=p.value_coef, entropy_coef=p.entropy_coef)
+  transductive = config.model.history == "transductive"
+  history = history_lib.HistoryMemory(sysm.featurizer.spec.row_dim, sysm.space.size,
+                                      capacity=int(config.model.history_capacity))
+  ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints")
+  meta = dict(iteration=-1, episodes=0, running_reward=None, best_running=-math.inf,
+              best_iteration=-1, stopped_early=False)
+  restored = ckpt.restore(jax.tree_util.tree_map(np.asarray, state), history)
+  if restored is not None:
+    state, meta = restored
+    state = jax.tree_util.tree_map(jnp.asarray, state)
+    if verbose:
+      print(f"resumed from iteration {meta['iteration']} ({meta['episodes']} episodes, "
+            f"{len(history)} history rows)", file=sys.stderr)
+  log = MetricsLog(workdir / "metrics.jsonl", meta["iteration"])
+  runner = rollout.PolicyRunner(model, sysm.featurizer.hub_features, int(config.train.parallel))
+  runner.set_params(state.params, history if transductive else None)
+  hub_features = jnp.asarray(sysm.featurizer.hub_features)
+  n_iters = math.ceil(config.train.episodes / config.train.episodes_per_iter)
+  roles = sysm.space.roles
+  max_calls = sysm.mdp_cfg.max_calls(thinker=bool(roles.indices_of_kind("thinker")),
+                                     verifier=bool(roles.indices_of_kind("verifier")))
+  batch_size = batch_size_for(int(config.train.episodes_per_iter), max_calls, int(p.num_minibatches))
+  queries = sysm.train_queries
+  t0 = time.time()
+  for it in range(meta["iteration"] + 1, n_iters):
+    if meta["stopped_early"]:
+      break
+    start = it * config.train.episodes_per_iter
+    batch_q = [queries[i] for i in _query_order(len(queries), config.seed, start,
+                                                 config.train.episodes_per_iter)]
+    t_roll = time.time()
+    episodes = asyncio.run(rollout.run_episodes(
+        env, sysm.featurizer, runner, batch_q, key=jax.random.fold_in(jax.random.PRNGKey(config.seed + 1), it),
+        greedy=False, history=history if transductive else None, grow_history=transductive,
+        seed_salt=(config.seed, it)))
+    t_upd = time.time()
+    batch, hist_inputs = build_batch(episodes, history if transductive else None,
+                                     gamma=p.gamma, gae_lambda=p.gae_lambda, batch_size=batch_size,
+                                     num_hubs=sysm.space.size)
+    state, m = update(state, hub_features, hist_inputs, batch)
+    m = {k: float(v) for k, v in jax.device_get(m).items()}
+    history.evict()
+    runner.set_params(state.params, history if transductive else None)
+    ret = float(np.mean([e.episode_return for e in episodes]))
+    meta["running_reward"] = ret if meta["running_reward"] is None else 0.9 * meta["running_reward"] + 0.1 * ret
+    meta["iteration"], meta["episodes"] = it, start + len(episodes)
+    rec = dict(iteration=it, episodes=meta["episodes"], episode_return=ret,
+               running_reward=meta["running_reward"],
+               utility=float(np.mean([e.utility for e in episodes])),
+               cost=float(np.mean([env.cost_units(e.state) for e in episodes])),
+               calls=float(np.mean([len(e.state.calls) for e in episodes])),
+               failed_calls=int(sum(c.error is not None for e in episodes for c in e.state.calls)),
+               transitions=int(sum(len(e.rewards) for e in episodes)), history_rows=len(history),
+               rollout_s=t_upd - t_roll, update_s=time.time() - t_upd, **m)
+    log.write(rec)
+    if verbose:
+      _progress(it, n_iters, rec, t0)
+    is_best = meta["running_reward"] > meta["best_running"]
+    if is_best:
+      meta["best_running"], meta["best_iteration"] = meta["running_reward"], it
+    if m["entropy"] < config.ppo.entropy_stop:
+      meta["stopped_early"] = True
+    last = it == n_iters - 1 or meta["stopped_early"]
+    if is_best:
+      ckpt.save(it, state, history, meta, best=True)
+    if (it + 1) % config.train.checkpoint_every == 0 or last:
+      ckpt.save(it, state, history, meta)
+  if verbose:
+    sys.stderr.write("\n")
+  ckpt.close()
+  return dict(meta, train_seconds=time.time() - t0)
+
+
+def _query_order(n: int, seed: int, start: int, count: int) -> list[int]:
+  """Indices of training queries start..start+count of a stream of per-epoch shuffles."""
+  out = []
+  for j in range(start, start + count):
+    epoch, pos = divmod(j, n)
+    perm = np.random.default_rng([seed, epoch]).permutation(n)
+    out.append(int(perm[pos]))
+  return out
+
+
+def load_router(config, workdir, system: system_lib.System, *, best: bool = True):
+  """(model, params, history) from a run's checkpoint (best by running reward, or latest)."""
+  model = make_model(config)
+  p = config.ppo
+  optimizer = ppo.make_optimizer(learning_rate=p.learning_rate, value_lr_multiplier=p.value_lr_multiplier,
+                                 max_grad_norm=p.max_grad_norm)
+  state = init_state(model, system.featurizer, optimizer, config.seed)
+  history = history_lib.HistoryMemory(system.featurizer.spec.row_dim, system.space.size,
+                                      capacity=int(config.model.history_capacity))
+  ckpt = checkpoint_lib.Checkpointer(pathlib.Path(workdir) / "checkpoints")
+  restored = ckpt.restore(jax.tree_util.tree_map(np.asarray, state), history, best=best)
+  if restored is None:
+    restored = ckpt.restore(jax.tree_util.tree_map(np.asarray, state), history, best=False)
+  ckpt.close()
+  if restored is None:
+    raise errors.ConfigError(f"no checkpoint in {workdir}/checkpoints: train first")
+  state, _ = restored
+  return model, jax.tree_util.tree_map(jnp.asarray, state.params), history

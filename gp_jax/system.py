@@ -1,0 +1,142 @@
+"""Builds the parts of a GraphPlanner run from a config: pool, action space, MDP, data, features.
+
+Library functions elsewhere take explicit keyword arguments; this is the one place that reads the
+config tree, and it validates every value it reads (ConfigError with the field's name).
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+from typing import Callable
+
+import numpy as np
+
+from gp_jax import errors
+from gp_jax import roles as roles_lib
+from gp_jax.graph import features as features_lib
+from gp_jax.llm import base
+from gp_jax.llm import catalog as catalog_lib
+from gp_jax.llm import simulator as sim
+from gp_jax.text import encoder as encoder_lib
+from gp_jax.types import Query
+from gp_jax.workflow import env as env_lib
+from gp_jax.workflow import mdp
+
+SIM_ANSWER_FORMAT = "End your reply with 'Answer: <number>'."
+
+
+@dataclasses.dataclass
+class System:
+  catalog: catalog_lib.Catalog
+  space: mdp.ActionSpace
+  mdp_cfg: mdp.MDPConfig
+  pool: base.LLMPool
+  world: sim.SimWorld | None        # set for the simulator backend
+  train_queries: list[Query]
+  test_queries: list[Query]
+  describe: env_lib.Describe
+  scorer: env_lib.Scorer
+  encoder: encoder_lib.TextEncoder
+  featurizer: features_lib.Featurizer
+
+  def env(self, alpha: float) -> env_lib.WorkflowEnv:
+    return env_lib.WorkflowEnv(self.space, self.mdp_cfg, self.pool, alpha=alpha,
+                               describe=self.describe, scorer=self.scorer)
+
+
+def _names(value: str, field: str) -> list[str]:
+  names = [n.strip() for n in str(value).split(",") if n.strip()]
+  if not names:
+    raise errors.ConfigError(f"config.{field} is empty")
+  return names
+
+
+def select_llms(catalog: catalog_lib.Catalog, spec: str) -> list[str]:
+  if spec == "train":
+    return catalog_lib.training_names(catalog)
+  if spec == "all":
+    return catalog.names
+  names = _names(spec, "llms")
+  catalog_lib.check_names(catalog, names)
+  return names
+
+
+def mdp_config(c) -> mdp.MDPConfig:
+  cfg = mdp.MDPConfig(p_max=int(c.p_max), max_width=int(c.max_width), max_depth=int(c.max_depth),
+                      step_cap=int(c.step_cap), phase1_depth=int(c.phase1_depth),
+                      phase1_width=int(c.phase1_width))
+  cfg.validate()
+  return cfg
+
+
+def sim_describe(q: Query) -> tuple[str, str]:
+  return sim.TASKS[q.task_name][1], SIM_ANSWER_FORMAT
+
+
+def build(config, *, pool: base.LLMPool | None = None) -> System:
+  """All parts of a run. `pool` overrides the configured backend (tests, replay wrappers)."""
+  catalog_file = config.catalog_file or catalog_lib.DEFAULT_POOL_FILE
+  full = catalog_lib.load_catalog(catalog_file)
+  llms = select_llms(full, config.llms)
+  catalog = full.select(llms)
+  roles = roles_lib.load_roles().select(_names(config.roles, "roles"))
+  roles_lib.validate_role_selection(roles)
+  space = mdp.ActionSpace(roles, tuple(llms))
+  cfg = mdp_config(config.mdp)
+  need = cfg.max_calls(thinker=bool(roles.indices_of_kind("thinker")),
+                       verifier=bool(roles.indices_of_kind("verifier")))
+  if cfg.step_cap < need:
+    raise errors.ConfigError(f"config.mdp.step_cap={cfg.step_cap} is below the {need} calls a "
+                             "complete workflow may need with these settings")
+
+  world = None
+  if config.data.source == "simulated":
+    world = sim.SimWorld(sim.load_profiles(catalog))
+    tasks = {"seen": sim.SEEN_TASKS, "unseen": sim.UNSEEN_TASKS,
+             "all": list(sim.TASKS)}.get(config.data.tasks) or _names(config.data.tasks, "data.tasks")
+    test_tasks = ({"seen": sim.SEEN_TASKS, "unseen": sim.UNSEEN_TASKS, "all": list(sim.TASKS)}
+                  .get(config.data.test_tasks) or _names(config.data.test_tasks, "data.test_tasks")
+                  ) if config.data.test_tasks else tasks
+    if int(config.data.n_train) < 1 or int(config.data.n_test) < 1:
+      raise errors.ConfigError("config.data.n_train and n_test must be >= 1")
+    train = world.sample_queries(int(config.data.n_train), seed=config.seed, split="train", tasks=tasks)
+    test = world.sample_queries(int(config.data.n_test), seed=config.seed, split="test", tasks=test_tasks)
+    describe, scorer = sim_describe, sim.sim_score
+  elif config.data.source == "files":
+    from gp_jax import tasks as tasks_lib   # the real benchmark tasks
+    train = tasks_lib.load_queries(config.data.train_file)
+    test = tasks_lib.load_queries(config.data.test_file)
+    if config.data.n_train:
+      train = train[:int(config.data.n_train)]
+    if config.data.n_test:
+      test = test[:int(config.data.n_test)]
+    def describe(q):
+      t = tasks_lib.get_task(q.task_name)
+      return t.description, t.answer_format
+    scorer = lambda pred, q: tasks_lib.score(pred or "", q)
+  else:
+    raise errors.ConfigError(f"config.data.source must be 'simulated' or 'files', got "
+                             f"{config.data.source!r}")
+
+  if pool is None:
+    if config.backend == "simulator":
+      if world is None:
+        raise errors.ConfigError("the simulator backend needs config.data.source='simulated'")
+      pool = sim.SimulatorPool(catalog, roles, world)
+    elif config.backend == "endpoints":
+      if not config.endpoints_file:
+        raise errors.ConfigError("config.backend='endpoints' needs config.endpoints_file")
+      from gp_jax.llm import openai_pool   # real OpenAI-compatible servers (vLLM)
+      pool = openai_pool.pool_from_file(catalog, config.endpoints_file)
+    else:
+      raise errors.ConfigError(f"config.backend must be 'simulator' or 'endpoints', got "
+                               f"{config.backend!r}")
+
+  cache = config.text.cache or None
+  encoder = encoder_lib.make_encoder(config.text.encoder, cache_path=cache, dim=int(config.text.dim))
+  spec = features_lib.FeatureSpec(text_dim=encoder.dim, mem_proj=int(config.model.mem_proj),
+                                  max_rows=cfg.step_cap, num_actions=space.size)
+  featurizer = features_lib.Featurizer(spec, encoder, space,
+                                       {m.name: m.description for m in catalog.llms}, cfg,
+                                       seed=config.seed)
+  return System(catalog, space, cfg, pool, world, train, test, describe, scorer, encoder, featurizer)

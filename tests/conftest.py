@@ -1,0 +1,24 @@
+"""Shared fixtures: a small simulated system."""
+import pathlib
+
+import jax
+import pytest
+
+# Compiled programs are cached across test runs (and CI reruns) to keep the suite fast.
+jax.config.update("jax_compilation_cache_dir", str(pathlib.Path.home() / ".cache" / "gp_jax" / "xla"))
+jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+@pytest.fixture
+def tiny_world():
+  from gp_jax import roles as roles_lib
+  from gp_jax.llm import catalog as catalog_lib
+  from gp_jax.llm import simulator as sim
+  from gp_jax.workflow import mdp
+  names = ["qwen2.5-7b-instruct", "llama3-chatqa-1.5-70b"]
+  cat = catalog_lib.load_catalog().select(names)
+  roles = roles_lib.load_roles().select(["planner", "executor", "summarizer"])
+  world = sim.SimWorld(sim.load_profiles(cat))
+  space = mdp.ActionSpace(roles, tuple(names))
+  pool = sim.SimulatorPool(cat, roles, world)
+  return dict(catalog=cat, roles=roles, world=world, space=space, pool=pool, names=names)

@@ -1,0 +1,95 @@
+"""The simulator's DP optimum against brute-force enumeration, and the oracle in the real env."""
+import asyncio
+import copy
+
+import numpy as np
+import pytest
+
+from gp_jax import roles as roles_lib
+from gp_jax import system as system_lib
+from gp_jax.llm import simulator as sim
+from gp_jax.workflow import env as env_lib
+from gp_jax.workflow import mdp
+from gp_jax.workflow import optimal
+
+
+def brute_force(env, world, query, alpha):
+  """Max over every valid action sequence of E[U | calls] - alpha * cost."""
+  best = -np.inf
+
+  async def rec(state):
+    nonlocal best
+    if state.done:
+      best = max(best, sim.expected_utility(world, state) - alpha * env.cost_units(state))
+      return
+    for a in np.flatnonzero(env.mask(state)):
+      s2 = copy.deepcopy(state)
+      await env.step(s2, query, int(a), seed=0)
+      await rec(s2)
+
+  asyncio.run(rec(env.reset(query)))
+  return best
+
+
+def make(tiny_world, roles, cfg, alpha):
+  roles_set = roles_lib.load_roles().select(roles)
+  space = mdp.ActionSpace(roles_set, tuple(tiny_world["names"]))
+  pool = sim.SimulatorPool(tiny_world["catalog"], roles_set, tiny_world["world"])
+  env = env_lib.WorkflowEnv(space, cfg, pool, alpha=alpha, describe=system_lib.sim_describe,
+                            scorer=sim.sim_score)
+  solver = optimal.OptimalSolver(tiny_world["world"], space, cfg, alpha, system_lib.sim_describe)
+  return env, solver
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.5])
+@pytest.mark.parametrize("cfg", [
+    mdp.MDPConfig(p_max=1, max_width=2, max_depth=2, step_cap=16),
+    mdp.MDPConfig(p_max=2, max_width=2, max_depth=2, step_cap=16),
+    mdp.MDPConfig(phase1_depth=1, phase1_width=2, step_cap=16),
+])
+def test_dp_matches_brute_force(tiny_world, cfg, alpha):
+  env, solver = make(tiny_world, ["planner", "executor", "summarizer"], cfg, alpha)
+  for q in tiny_world["world"].sample_queries(3, seed=1, split="bf"):
+    assert solver.value(q) == pytest.approx(brute_force(env, tiny_world["world"], q, alpha), abs=1e-9)
+
+
+def test_dp_matches_brute_force_with_thinker_and_verifier(tiny_world):
+  cfg = mdp.MDPConfig(p_max=1, max_width=2, max_depth=1, step_cap=16)
+  env, solver = make(tiny_world, ["planner", "executor", "summarizer", "thinker", "verifier"], cfg, 0.3)
+  for q in tiny_world["world"].sample_queries(2, seed=2, split="bf"):
+    assert solver.value(q) == pytest.approx(brute_force(env, tiny_world["world"], q, 0.3), abs=1e-9)
+
+
+def test_oracle_policy_realises_dp_value(tiny_world):
+  cfg = mdp.MDPConfig()
+  env, solver = make(tiny_world, ["planner", "executor", "summarizer"], cfg, 0.1)
+  oracle = optimal.OraclePolicy(solver)
+  for q in tiny_world["world"].sample_queries(6, seed=3, split="or"):
+    state = env.reset(q)
+
+    async def run():
+      while not state.done:
+        await env.step(state, q, oracle.act(q, state), seed=5)
+    asyncio.run(run())
+    realised = sim.expected_utility(tiny_world["world"], state) - 0.1 * env.cost_units(state)
+    assert realised == pytest.approx(solver.value(q), abs=1e-9)
+
+
+def test_simulated_utility_matches_expected_in_mean(tiny_world):
+  """Sampled utilities average to the analytic E[U | calls] (the simulator is unbiased)."""
+  cfg = mdp.MDPConfig()
+  env, solver = make(tiny_world, ["planner", "executor", "summarizer"], cfg, 0.0)
+  q = tiny_world["world"].sample_queries(1, seed=4, split="mc")[0]
+  oracle = optimal.OraclePolicy(solver)
+  us, expected = [], None
+
+  async def run(seed):
+    state = env.reset(q)
+    while not state.done:
+      await env.step(state, q, oracle.act(q, state), seed=seed)
+    return state
+  for seed in range(400):
+    st = asyncio.run(run(seed))
+    us.append(env.utility(st, q))
+    expected = sim.expected_utility(tiny_world["world"], st)
+  assert np.mean(us) == pytest.approx(expected, abs=4 * np.sqrt(expected * (1 - expected) / 400) + 1e-3)
