@@ -365,14 +365,20 @@ def _wait_exit(pid, timeout):
 
 
 def _kill_all(pid, run_uid, mode):
-  """Kills the program and everything it started."""
+  """Kills the program and everything it started; returns once they are gone (uid mode)."""
   if mode in ("namespaces", "userns"):
-    _signal(pid, signal.SIGKILL)  # PID 1 of its namespace: the kernel kills the rest.
+    _signal(pid, signal.SIGKILL)  # init of its PID namespace: the kernel kills the rest.
     return
-  _signal(-pid, signal.SIGKILL, group=True)  # its session/process group.
-  if run_uid is not None:
-    # Processes that left the group still run under the sandbox uid: kill them all from a
-    # helper that takes that uid, so kill(-1) reaches exactly those processes.
+  try:
+    os.killpg(pid, signal.SIGKILL)  # its session / process group.
+  except OSError:
+    pass
+  if run_uid is None:
+    return
+  # Processes that left the group still run under the sandbox uid: kill them from a helper that
+  # takes that uid, so kill(-1) reaches exactly those processes; repeat until none is alive.
+  deadline = time.monotonic() + 5.0
+  while True:
     helper = os.fork()
     if helper == 0:
       try:
@@ -386,14 +392,30 @@ def _kill_all(pid, run_uid, mode):
       finally:
         os._exit(0)
     os.waitpid(helper, 0)
+    if not _uid_alive(run_uid) or time.monotonic() > deadline:
+      return
+    time.sleep(0.01)
 
 
-def _signal(pid, sig, group=False):
+def _uid_alive(uid):
+  """True while a process (not a zombie) runs under `uid`."""
+  for name in os.listdir("/proc"):
+    if not name.isdigit():
+      continue
+    try:
+      if os.stat(f"/proc/{name}").st_uid != uid:
+        continue
+      with open(f"/proc/{name}/stat") as f:
+        if f.read().rsplit(")", 1)[1].split()[0] not in ("Z", "X"):
+          return True
+    except (OSError, IndexError):
+      pass
+  return False
+
+
+def _signal(pid, sig):
   try:
-    if group:
-      os.killpg(-pid, sig)
-    else:
-      os.kill(pid, sig)
+    os.kill(pid, sig)
   except (ProcessLookupError, PermissionError):
     pass
 
@@ -463,7 +485,12 @@ def _start(line, mode, monitors):
   except (ValueError, KeyError, TypeError):
     _write_line({"id": None, "status": "error", "detail": "malformed request"})
     return
-  pid = os.fork()
+  try:
+    pid = os.fork()
+  except OSError as e:  # e.g. the machine is out of processes: report, keep serving.
+    _write_line({"id": rid, "status": "error", "exit_code": None, "signal": None,
+                 "wall_s": 0.0, "cpu_s": 0.0, "detail": f"sandbox could not fork: {e}"})
+    return
   if pid == 0:
     try:
       _monitor(req, mode)

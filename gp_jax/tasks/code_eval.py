@@ -73,13 +73,15 @@ def humaneval_entry_point(query: types.Query) -> str:
 def _harness(candidate: str, tests: str, token: str) -> str:
   # repr() keeps the candidate and the tests as data until they are compiled, so a reply cannot
   # break out of the harness text.
+  # The token goes straight to fd 1, so a reply that rebinds print or sys.stdout cannot lose it.
   return (
-      "import sys as _sys\n"
+      "import os as _os, sys as _sys\n"
+      "_write, _stdout = _os.write, _sys.stdout\n"
       "_ns = {'__name__': 'solution', '__builtins__': __builtins__}\n"
       f"exec(compile({candidate!r}, 'solution.py', 'exec'), _ns)\n"
       f"exec(compile({tests!r}, 'tests.py', 'exec'), _ns)\n"
-      "_sys.stdout.flush()\n"
-      f"print({token!r})\n")
+      "_stdout.flush()\n"
+      f"_write(1, {(chr(10) + token + chr(10)).encode()!r})\n")
 
 
 def build_program(prediction: str, query: types.Query, token: str) -> str:

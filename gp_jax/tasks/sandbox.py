@@ -4,26 +4,36 @@ Programs run in a fork server (`_sandbox_server.py`, one per Sandbox) started wi
 `python -I -S -B` and a scrubbed environment, so each program costs a fork, not an interpreter
 start. Every program gets:
   * its own session/process group, and -- where the kernel allows -- its own mount, network, PID,
-    IPC and UTS namespaces. As PID 1 of its PID namespace, its exit or kill makes the kernel kill
-    every process it started (sleeping children, daemons, fork bombs);
+    IPC and UTS namespaces. A small init (root, PID 1 of the namespace) runs the program as PID 2
+    and reports its exit status; when the program exits or the wall clock runs out, that init
+    exits and the kernel kills every process the program started (sleeping children, daemons,
+    fork bombs). The program is not PID 1 itself because the kernel ignores default-action
+    signals sent to a namespace init, which would disarm the CPU and file-size limits;
   * no network: an empty network namespace (no usable interface), plus an audit hook that refuses
     to create sockets or resolve names before the program starts;
   * a fresh working directory on a size-capped tmpfs (with private /tmp, /var/tmp, /dev/shm that
-    vanish afterwards), or a fresh temporary directory without namespaces;
+    vanish afterwards), or a fresh temporary directory without namespaces. The interpreter's
+    prefix is bind-mounted read-only at /tmp/.sandbox-python so that the standard library stays
+    importable when it lives under a directory the sandbox uid cannot enter (e.g. /root/.pyenv);
   * as root: a uid of its own (never 0) with no groups and no_new_privs. That makes RLIMIT_NPROC
-    effective (the kernel does not apply it to root), so a fork bomb stops at `nproc` processes,
-    and the program cannot signal the caller or write outside its directory;
+    effective (the kernel does not apply it to root), so a fork bomb stops at `nproc` processes;
+    the program cannot signal or trace the caller, nor write files it does not own;
   * rlimits: address space (`memory_mb`), CPU seconds, file size (= `max_output_bytes`, which also
     caps stdout/stderr, written to files), 64 open files, no core dumps;
   * a wall-clock limit enforced by its monitor, which kills the whole program (namespace, or
     process group plus every process of its uid) on expiry;
-  * an environment of PATH/HOME/TMPDIR/LANG only; stdin is /dev/null.
+  * an environment of PATH, HOME, TMPDIR, LANG and PYTHONHASHSEED only; stdin is /dev/null.
 
 `Sandbox.mode` says which set applied: "namespaces" (root with CAP_SYS_ADMIN: everything above),
-"uid" (root without namespaces: no private /tmp, network blocked only by the audit hook),
+"uid" (root without namespaces: no private /tmp, so the program can leave files in
+world-writable folders; network blocked only by the audit hook),
 "userns" (not root, unprivileged user namespaces: namespaces but the caller's uid, so RLIMIT_NPROC
 counts the caller's processes too) or "plain" (not root: rlimits, process group and audit hook
 only; such a program could signal the caller's processes and write where the caller can).
+
+Not isolated: CPU share and total memory across processes. A fork bomb's `nproc` processes
+compete for the CPU with programs running next to it until its wall clock runs out, and each of
+its processes may use `memory_mb` (cgroups would bound both; they are not used).
 """
 from __future__ import annotations
 
@@ -211,6 +221,11 @@ class Sandbox:
     cpu = int(cpu_s if cpu_s is not None else (self.cpu_s if wall_s is None
                                                else max(1, int(-(-wall // 1)))))
     all_files = dict(files or {})
+    for name in all_files:
+      parts = pathlib.PurePosixPath(name).parts
+      if not parts or name.startswith("/") or ".." in parts or name == "main.py":
+        raise errors.ConfigError(f"sandbox file name {name!r} must be a relative path inside "
+                                 "the working directory (and not main.py)")
     all_files["main.py"] = source
     outdir = tempfile.mkdtemp(prefix="gp_jax_sandbox_")
     os.chmod(outdir, 0o711)  # traversable (not listable) by the sandbox uid.

@@ -144,3 +144,10 @@ def test_code_rows_need_tests():
   with pytest.raises(errors.ConfigError, match="no code tests"):
     code_eval.build_program("x", types.Query(qid="q", task_name="gsm8k", domain="math",
                                              query="?", ground_truth="1", metric="numeric"), "t")
+
+
+def test_reply_that_silences_stdout_still_passes(sandbox):
+  q = _mbpp(["assert add(1, 2) == 3"])
+  reply = ("import io, sys\nsys.stdout = io.StringIO()\nprint = lambda *a, **k: None\n"
+           "def add(a, b):\n    return a + b\n")
+  assert code_eval.code_pass(reply, q, sandbox=sandbox) == 1.0
