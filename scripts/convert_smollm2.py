@@ -52,7 +52,8 @@ def convert(gguf: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
   model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
   missing, unexpected = model.load_state_dict(loaded.state_dict(), strict=False)
   if unexpected or [k for k in missing if "lm_head" not in k]:
-    raise SystemExit(f"error: weights do not fit the config (missing {missing}, unexpected {unexpected})")
+    raise SystemExit(f"error: weights do not fit the config (missing {missing}, "
+                     f"unexpected {unexpected})")
   model.tie_weights()
   out.parent.mkdir(parents=True, exist_ok=True)
   tmp = pathlib.Path(tempfile.mkdtemp(dir=out.parent, prefix=out.name + ".tmp-"))

@@ -314,7 +314,8 @@ class OpenAIPool(base.LLMPool):
         fault, kind, last = f, f.kind, f.replica
         self._stats[f"faults/{f.kind}"] += 1
       except Exception as e:  # a bug or an unexpected library error must not end the run
-        fault, kind = _Fault(f"internal_{type(e).__name__}", retryable=False), f"internal_{type(e).__name__}"
+        kind = f"internal_{type(e).__name__}"
+        fault = _Fault(kind, retryable=False)
         self._stats[f"faults/{kind}"] += 1
       else:
         latency = time.monotonic() - start

@@ -66,7 +66,8 @@ class BertLayer(nn.Module):
     x = nn.LayerNorm(epsilon=self.eps, name="attention_norm")(
         x + nn.Dense(self.hidden, name="attention_out")(ctx))
     h = jax.nn.gelu(nn.Dense(self.intermediate, name="intermediate")(x), approximate=False)
-    return nn.LayerNorm(epsilon=self.eps, name="output_norm")(x + nn.Dense(self.hidden, name="output")(h))
+    h = nn.Dense(self.hidden, name="output")(h)
+    return nn.LayerNorm(epsilon=self.eps, name="output_norm")(x + h)
 
 
 class MiniLM(nn.Module):
@@ -112,7 +113,8 @@ def params_from_safetensors(path: str | pathlib.Path, layers: int = 6) -> dict:
     p = f"encoder.layer.{i}"
     params[f"layer_{i}"] = {
         "query": dense(f"{p}.attention.self.query"), "key": dense(f"{p}.attention.self.key"),
-        "value": dense(f"{p}.attention.self.value"), "attention_out": dense(f"{p}.attention.output.dense"),
+        "value": dense(f"{p}.attention.self.value"),
+        "attention_out": dense(f"{p}.attention.output.dense"),
         "attention_norm": norm(f"{p}.attention.output.LayerNorm"),
         "intermediate": dense(f"{p}.intermediate.dense"), "output": dense(f"{p}.output.dense"),
         "output_norm": norm(f"{p}.output.LayerNorm"),

@@ -90,7 +90,8 @@ class EmbeddingEndpointEncoder(encoder_lib.TextEncoder):
     except (json.JSONDecodeError, UnicodeDecodeError, KeyError, TypeError, ValueError):
       raise errors.BackendError(f"{self.url}: answer is not an embeddings list") from None
     if vecs.ndim != 2 or vecs.shape[0] != n or vecs.shape[1] == 0:
-      raise errors.BackendError(f"{self.url}: expected {n} embeddings, got array of shape {vecs.shape}")
+      raise errors.BackendError(
+          f"{self.url}: expected {n} embeddings, got array of shape {vecs.shape}")
     if getattr(self, "dim", None) is not None and vecs.shape[1] != self.dim:
       raise errors.BackendError(f"{self.url}: embedding width {vecs.shape[1]} != expected {self.dim}")
     norms = np.linalg.norm(vecs, axis=1, keepdims=True)
