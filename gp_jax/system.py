@@ -127,10 +127,18 @@ def build(config, *, pool: base.LLMPool | None = None) -> System:
       if not config.endpoints_file:
         raise errors.ConfigError("config.backend='endpoints' needs config.endpoints_file")
       from gp_jax.llm import openai_pool   # real OpenAI-compatible servers (vLLM)
-      pool = openai_pool.pool_from_file(catalog, config.endpoints_file)
+      pool = openai_pool.OpenAIPool(catalog, config.endpoints_file, check=True,
+                                    timeout_s=float(config.request_timeout_s))
     else:
       raise errors.ConfigError(f"config.backend must be 'simulator' or 'endpoints', got "
                                f"{config.backend!r}")
+
+  if config.replay.mode != "off":
+    from gp_jax.llm import replay    # response cache: record, or re-run offline bit for bit
+    if not config.replay.path:
+      raise errors.ConfigError("config.replay.mode needs config.replay.path")
+    pool = replay.ReplayPool(None if config.replay.mode == "read-only" else pool,
+                             config.replay.path, config.replay.mode, catalog=catalog)
 
   cache = config.text.cache or None
   encoder = encoder_lib.make_encoder(config.text.encoder, cache_path=cache, dim=int(config.text.dim))

@@ -8,6 +8,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.alpha = 0.5                    # reward = U - alpha * cost (cost in milli-dollars, see reward.py)
   c.backend = "simulator"          # "simulator" (embedded) or "endpoints" (OpenAI-compatible servers)
   c.endpoints_file = ""            # endpoints JSON written by experiments/serve_backbones.py
+  c.request_timeout_s = 120.0      # one HTTP attempt (endpoints backend)
+  c.replay = ml_collections.ConfigDict()
+  c.replay.mode = "off"            # "off", "read-write" (record) or "read-only" (replay offline)
+  c.replay.path = ""               # SQLite file of the response cache
   c.catalog_file = ""              # LLM catalog JSON; "" = data/llm_pool.json
   c.llms = "train"                 # "train" (9 not held out), "all" (12) or a comma list
   c.roles = "planner,executor,summarizer"   # the paper's roles; add thinker,verifier for App. E

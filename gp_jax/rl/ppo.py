@@ -109,7 +109,7 @@ def forward_batch(model, params, hub_features, hist, batch):
 
 def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransformation, *,
                    epochs: int, num_minibatches: int, clip_eps: float, value_coef: float,
-                   entropy_coef: float):
+                   entropy_coef: float, max_traces: int | None = None):
   """Returns update(state, hub_features, hist, batch) -> (state, metrics), jitted once per shape.
 
   batch: dict of arrays with leading dim N (a multiple of num_minibatches): obs (dict), actions,
@@ -156,4 +156,6 @@ def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransforma
     metrics["param_norm"] = optax.global_norm(params)
     return TrainingState(params, opt_state, rng, state.update_step + 1), metrics
 
+  if max_traces is not None:   # tests: fail loudly if anything retraces
+    update = chex.assert_max_traces(update, n=max_traces)
   return jax.jit(update, donate_argnums=(0,))

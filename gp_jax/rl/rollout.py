@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import hashlib
 
+import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -29,7 +30,8 @@ ROW_CHUNK = 64   # new history rows are transformed in chunks of this size (one 
 class PolicyRunner:
   """Jitted batched policy with incrementally maintained history hub sums (host side)."""
 
-  def __init__(self, model: garnet_lib.GARNet, hub_features: np.ndarray, batch_size: int):
+  def __init__(self, model: garnet_lib.GARNet, hub_features: np.ndarray, batch_size: int,
+               max_traces: int | None = None):
     self.model, self.batch_size = model, batch_size
     self.hub_features = jnp.asarray(hub_features)
     A = hub_features.shape[0]
@@ -54,8 +56,20 @@ class PolicyRunner:
       return jax.ops.segment_sum(h, hubs, A + 1)[:A], jax.ops.segment_sum(
           jnp.ones(hubs.shape[0]), hubs, A + 1)[:A]
 
+    # Two row entry points with one shape each: whole history (per bucket) and new-row chunks.
+    def rows_all(params, rows, hubs):
+      return rows_fn(params, rows, hubs)
+
+    def rows_chunk(params, rows, hubs):
+      return rows_fn(params, rows, hubs)
+
+    if max_traces is not None:   # tests: fail loudly if anything retraces
+      act = chex.assert_max_traces(act, n=max_traces)
+      rows_all = chex.assert_max_traces(rows_all, n=max_traces)
+      rows_chunk = chex.assert_max_traces(rows_chunk, n=max_traces)
     self._act = jax.jit(act)
-    self._rows = jax.jit(rows_fn)
+    self._rows_all = jax.jit(rows_all)
+    self._rows_chunk = jax.jit(rows_chunk)
 
   def set_params(self, params, history: history_lib.HistoryMemory | None) -> None:
     """New parameter version: recompute the history hub sums once."""
@@ -64,7 +78,7 @@ class PolicyRunner:
     self.hub_count[:] = 0
     if history is not None and len(history):
       rows, hubs = history.padded()
-      s, c = self._rows(params, rows, hubs)
+      s, c = self._rows_all(params, rows, hubs)
       self.hub_sum[:] = np.asarray(s)
       self.hub_count[:] = np.asarray(c)
 
@@ -75,7 +89,7 @@ class PolicyRunner:
       pr[:len(r)] = r
       ph = np.full(ROW_CHUNK, self.num_hubs, np.int32)
       ph[:len(h)] = h
-      s, c = self._rows(self.params, pr, ph)
+      s, c = self._rows_chunk(self.params, pr, ph)
       self.hub_sum += np.asarray(s)
       self.hub_count += np.asarray(c)
 

@@ -226,6 +226,9 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
                failed_calls=int(sum(c.error is not None for e in episodes for c in e.state.calls)),
                transitions=int(sum(len(e.rewards) for e in episodes)), history_rows=len(history),
                rollout_s=t_upd - t_roll, update_s=time.time() - t_upd, **m)
+    # Backend counters (calls, failures by kind, retries...) of real pools, cumulative.
+    rec.update({f"pool/{k}": v for k, v in sysm.pool.stats().items()
+                if isinstance(v, (int, float))})
     log.write(rec)
     if verbose:
       _progress(it, n_iters, rec, t0)

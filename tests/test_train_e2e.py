@@ -1,0 +1,130 @@
+"""End to end on the CPU test config: train, evaluate, determinism, kill -9 resume, bad config."""
+import json
+import os
+import pathlib
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from experiments.configs import test as test_config
+from gp_jax import errors
+from gp_jax import system as system_lib
+from gp_jax.graph import history as history_lib
+from gp_jax.rl import pipeline
+from gp_jax.rl import ppo
+from gp_jax.rl import rollout
+from gp_jax.rl import train as train_lib
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+TIMING = {"rollout_s", "update_s"}
+
+
+def metrics(workdir):
+  lines = (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()
+  return [{k: v for k, v in json.loads(l).items() if k not in TIMING} for l in lines]
+
+
+@pytest.fixture(scope="module")
+def reference_run(tmp_path_factory):
+  wd = tmp_path_factory.mktemp("ref")
+  summary = pipeline.train_and_evaluate(test_config.get_config(), wd, verbose=False)
+  return wd, summary
+
+
+def test_train_and_evaluate_writes_everything(reference_run):
+  wd, summary = reference_run
+  cfg = test_config.get_config()
+  assert summary["episodes"] == cfg.train.episodes
+  m = metrics(wd)
+  assert [r["iteration"] for r in m] == list(range(3))
+  assert all(np.isfinite(r["loss"]) and r["transitions"] > 0 for r in m)
+  assert (wd / "checkpoints" / "latest").is_dir() and (wd / "checkpoints" / "best").is_dir()
+  report = json.loads((wd / "eval.json").read_text())
+  policies = {r["policy"] for r in report["rows"]}
+  assert {"GraphPlanner", "random", "optimum (DP)"} <= policies
+  assert sum(p.startswith("single:") for p in policies) == 3
+  opt = [r for r in report["rows"] if r["policy"] == "optimum (DP)" and r["domain"] == "all"][0]
+  for r in report["rows"]:
+    if r["domain"] == "all":     # nothing beats the exact optimum in expectation
+      assert r["reward"] <= opt["reward"] + 1e-9
+  assert "| GraphPlanner |" in (wd / "eval.md").read_text()
+
+
+def test_same_seed_same_metrics(reference_run, tmp_path):
+  wd, _ = reference_run
+  pipeline.train_and_evaluate(test_config.get_config(), tmp_path, evaluate=False, verbose=False)
+  assert metrics(tmp_path) == metrics(wd)
+
+
+def _train_cmd(workdir):
+  return [sys.executable, "-m", "experiments.train", "--config=experiments/configs/test.py",
+          f"--workdir={workdir}", "--evaluate=false"]
+
+
+def test_kill_9_then_rerun_resumes_and_finishes(reference_run, tmp_path):
+  wd, _ = reference_run
+  proc = subprocess.Popen(_train_cmd(tmp_path), cwd=REPO, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE)
+  latest = tmp_path / "checkpoints" / "latest"
+  deadline = time.time() + 240
+  while time.time() < deadline and proc.poll() is None:
+    if latest.is_dir() and any(p.name.isdigit() for p in latest.iterdir()):
+      break
+    time.sleep(0.05)
+  assert proc.poll() is None, "training finished before it could be killed"
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  done_before = len(metrics(tmp_path))
+  assert done_before < 3
+  out = subprocess.run(_train_cmd(tmp_path), cwd=REPO, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr[-2000:]
+  assert "resumed from iteration" in out.stderr
+  assert metrics(tmp_path) == metrics(wd)   # same result as the uninterrupted run
+
+
+@pytest.mark.parametrize("flag,message", [
+    ("--config.llms=gpt-9", "unknown LLM 'gpt-9'"),
+    ("--config.roles=planner,critic", "unknown role 'critic'"),
+    ("--config.ppo.clip_eps=2.0", "clip_eps"),
+    ("--config.data.tasks=chess", "unknown simulated task 'chess'"),
+    ("--config.model.history=sometimes", "config.model.history"),
+])
+def test_bad_config_exits_2_with_one_message(tmp_path, flag, message):
+  out = subprocess.run(_train_cmd(tmp_path) + [flag], cwd=REPO, capture_output=True, text=True,
+                       timeout=120)
+  assert out.returncode == 2
+  lines = [l for l in out.stderr.splitlines() if l.strip()]
+  assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], out.stderr
+
+
+def test_no_retrace_as_history_grows_within_a_bucket():
+  cfg = test_config.get_config()
+  sysm = system_lib.build(cfg)
+  model = train_lib.make_model(cfg)
+  opt = ppo.make_optimizer(learning_rate=1e-3, value_lr_multiplier=2.0, max_grad_norm=0.5)
+  state = train_lib.init_state(model, sysm.featurizer, opt, 0)
+  runner = rollout.PolicyRunner(model, sysm.featurizer.hub_features, 8, max_traces=1)
+  history = history_lib.HistoryMemory(sysm.featurizer.spec.row_dim, sysm.space.size, capacity=400)
+  runner.set_params(state.params, history)
+  env = sysm.env(0.3)
+  update = ppo.make_update_fn(model, opt, epochs=1, num_minibatches=2, clip_eps=0.2, value_coef=0.5,
+                              entropy_coef=0.01, max_traces=1)
+  import asyncio
+  sizes = []
+  for it in range(3):   # history grows 0 -> ~100 rows, all inside the first bucket
+    eps = asyncio.run(rollout.run_episodes(
+        env, sysm.featurizer, runner, sysm.train_queries[it * 8:(it + 1) * 8],
+        key=jax.random.PRNGKey(it), greedy=False, history=history, grow_history=True, seed_salt=it))
+    batch, hist = train_lib.build_batch(eps, history, gamma=0.99, gae_lambda=0.95,
+                                        batch_size=train_lib.batch_size_for(8, sysm.mdp_cfg.max_calls(), 2),
+                                        num_hubs=sysm.space.size)
+    state, _ = update(state, jnp.asarray(sysm.featurizer.hub_features), hist, batch)
+    runner.set_params(state.params, history)
+    sizes.append(len(history))
+  assert sizes[0] < sizes[-1] <= history_lib.MIN_BUCKET
