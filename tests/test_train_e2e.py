@@ -113,8 +113,9 @@ def test_no_retrace_as_history_grows_within_a_bucket():
   history = history_lib.HistoryMemory(sysm.featurizer.spec.row_dim, sysm.space.size, capacity=400)
   runner.set_params(state.params, history)
   env = sysm.env(0.3)
+  bsz = train_lib.batch_size_for(8, sysm.mdp_cfg.max_calls(), 2)
   update = ppo.make_update_fn(model, opt, epochs=1, num_minibatches=2, clip_eps=0.2, value_coef=0.5,
-                              entropy_coef=0.01, max_traces=1)
+                              entropy_coef=0.01, num_chunks=bsz + 1, max_traces=1)
   import asyncio
   sizes = []
   for it in range(3):   # history grows 0 -> ~100 rows, all inside the first bucket
@@ -122,7 +123,7 @@ def test_no_retrace_as_history_grows_within_a_bucket():
         env, sysm.featurizer, runner, sysm.train_queries[it * 8:(it + 1) * 8],
         key=jax.random.PRNGKey(it), greedy=False, history=history, grow_history=True, seed_salt=it))
     batch, hist = train_lib.build_batch(eps, history, gamma=0.99, gae_lambda=0.95,
-                                        batch_size=train_lib.batch_size_for(8, sysm.mdp_cfg.max_calls(), 2),
+                                        batch_size=bsz,
                                         num_hubs=sysm.space.size)
     state, _ = update(state, jnp.asarray(sysm.featurizer.hub_features), hist, batch)
     runner.set_params(state.params, history)

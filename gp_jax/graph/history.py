@@ -3,9 +3,9 @@
 Rows arrive in order (arrival index = position in the buffer); a decision sees the rows that had
 arrived before it (`snapshot()` = the row count then). Rows are only evicted between training
 iterations, after the PPO update, so every transition of an iteration can be given its exact
-snapshot: `update_inputs` sorts the rows by (hub, arrival) and returns, per transition and hub, the
-[lo, hi) range of that hub's rows it saw; the update sums transformed rows over those ranges with
-a segmented prefix sum (encode the history once per minibatch, not once per transition).
+snapshot: `update_inputs` cuts the rows into chunks at the transitions' snapshot values; the update
+encodes all rows once per minibatch, sums them per (chunk, hub) and takes prefix sums over chunks
+(encode the history once per minibatch, not once per transition).
 Decisions use per-hub sums kept incrementally while the parameters stay fixed.
 Array shapes are padded to power-of-two buckets so jitted code compiles once per bucket.
 """
@@ -18,7 +18,7 @@ import numpy as np
 from gp_jax import errors
 
 MIN_BUCKET = 512
-GROWTH = 8
+GROWTH = 4
 
 
 def bucket(n: int) -> int:
@@ -73,39 +73,46 @@ class HistoryMemory:
     hubs[:len(self.hubs)] = self.hubs
     return rows, hubs
 
-  def update_inputs(self, snapshots: np.ndarray) -> dict:
+  def update_inputs(self, snapshots: np.ndarray, num_chunks: int) -> dict:
     """Everything the update needs to rebuild each transition's per-hub history sums.
+
+    The distinct snapshot values u_1 < ... < u_m cut the rows (in arrival order) into chunks:
+    chunk(i) = #{j : u_j <= i}. A transition whose snapshot is u_j saw exactly the rows of chunks
+    0..j-1, so its per-hub sums are an exclusive prefix sum over chunks of per-(chunk, hub) sums --
+    sums of one hub's rows only, never differences of large totals, so they are as exact as the
+    incremental sums the decision used.
 
     Args:
       snapshots: [T] row count each transition saw (<= len(self)).
+      num_chunks: static chunk budget (> number of distinct snapshots).
     Returns:
-      rows [N, F] padded and sorted by (hub, arrival); seg_start [N] bool (first row of a hub run);
-      lo [A] first sorted position of each hub; hi [T, A] end position of the rows each transition
-      saw (hi == lo: none).
+      rows [N, F] padded, arrival order; segment [N] = chunk * A + hub (num_chunks * A for
+      padding rows and rows no transition saw); chunk [T] index j of each transition's snapshot;
+      count [T, A] rows per hub each transition saw.
     """
-    snapshots = np.asarray(snapshots)
+    snapshots = np.asarray(snapshots, np.int64)
     if len(snapshots) and snapshots.max() > len(self):
       raise ValueError("a snapshot refers to evicted or future rows")
+    uniq = np.unique(snapshots)
+    if len(uniq) + 1 > num_chunks:
+      raise ValueError(f"{len(uniq)} distinct snapshots exceed the chunk budget {num_chunks}")
     rows, hubs = self.padded()
-    order = np.lexsort((np.arange(len(hubs)), hubs))   # by hub, then arrival
-    sorted_hubs = hubs[order]
     A = self.num_hubs
-    lo = np.searchsorted(sorted_hubs, np.arange(A), side="left").astype(np.int32)
-    # Per transition: rows of hub a that arrived before its snapshot, counted incrementally.
-    T = len(snapshots)
-    hi = np.zeros((T, A), np.int32)
-    by_time = np.argsort(snapshots, kind="stable")
-    counts = np.zeros(A, np.int64)
-    seen = 0
-    for t in by_time:
+    arrival = np.arange(len(hubs))
+    chunk_of_row = np.searchsorted(uniq, arrival, side="right")
+    seen = (arrival < (uniq[-1] if len(uniq) else 0)) & (hubs < A)
+    segment = np.where(seen, chunk_of_row * A + hubs, num_chunks * A).astype(np.int32)
+    chunk = (np.searchsorted(uniq, snapshots, side="left") + 1).astype(np.int32)
+    count = np.zeros((len(snapshots), A), np.float32)
+    order = np.argsort(snapshots, kind="stable")
+    counts, done = np.zeros(A, np.int64), 0
+    for t in order:
       s = int(snapshots[t])
-      if s > seen:
-        counts += np.bincount(self.hubs[seen:s], minlength=A)[:A]
-        seen = s
-      hi[t] = lo + counts
-    seg_start = np.ones(len(sorted_hubs), bool)
-    seg_start[1:] = sorted_hubs[1:] != sorted_hubs[:-1]
-    return dict(rows=rows[order], seg_start=seg_start, lo=lo, hi=hi)
+      if s > done:
+        counts += np.bincount(self.hubs[done:s], minlength=A)[:A]
+        done = s
+      count[t] = counts
+    return dict(rows=rows, segment=segment, chunk=chunk, count=count)
 
   def state_dict(self) -> dict:
     return dict(rows=self.rows, hubs=self.hubs)

@@ -2,7 +2,7 @@
 
 The update runs `epochs` x `num_minibatches` gradient steps inside one jit (nested lax.scan), on a
 TrainingState pytree. Each minibatch encodes the history rows once and gives every transition its
-own history snapshot through a segmented prefix sum over rows sorted by (hub, arrival).
+own history snapshot through prefix sums over chunks of rows cut at the snapshot values.
 """
 from __future__ import annotations
 
@@ -77,28 +77,30 @@ def ppo_loss(logits: chex.Array, values: chex.Array, actions: chex.Array, old_lo
                     clipfrac=clipfrac, approx_kl=approx_kl, ratio_mean=jnp.sum(ratio * weights) / n)
 
 
-def segment_cumsum(x, seg_start):
-  """Inclusive prefix sums of x [N, d] that restart where seg_start [N] is True."""
-  def combine(a, b):
-    fa, va = a
-    fb, vb = b
-    return fa | fb, jnp.where(fb[..., None], vb, va + vb)
-  return jax.lax.associative_scan(combine, (seg_start, x))[1]
+def history_chunk_sums(model: garnet_lib.GARNet, params, hist: dict, num_chunks: int, num_hubs: int):
+  """Exclusive prefix sums over chunks of per-(chunk, hub) sums of transformed history rows.
 
-
-def history_sums(model: garnet_lib.GARNet, params, hist: dict, hi: chex.Array):
-  """Per-transition hub sums [B, A, d] and counts [B, A] of the history rows each one saw."""
+  Returns [num_chunks, A, d]: entry j = per-hub sums of the rows a transition with chunk index j
+  saw (gp_jax/graph/history.py, update_inputs).
+  """
   h = model.apply({"params": params}, hist["rows"], method=model.history_rows)
-  cs = segment_cumsum(h, hist["seg_start"])
-  lo = hist["lo"][None]                      # [1, A]
-  count = (hi - lo).astype(jnp.float32)      # [B, A]
-  sums = jnp.where((hi > lo)[..., None], cs[jnp.maximum(hi - 1, 0)], 0.0)
-  return sums, count
+  A = num_hubs
+  per_chunk = jax.ops.segment_sum(h, hist["segment"], num_chunks * A + 1)[:-1]
+  per_chunk = per_chunk.reshape(num_chunks, A, -1)
+  inclusive = jnp.cumsum(per_chunk, axis=0)
+  return jnp.concatenate([jnp.zeros_like(inclusive[:1]), inclusive[:-1]], 0)
 
 
-def forward_batch(model, params, hub_features, hist, batch):
+def history_sums(model: garnet_lib.GARNet, params, hist: dict, chunk: chex.Array, count: chex.Array,
+                 num_chunks: int):
+  """Per-transition hub sums [B, A, d] and counts [B, A] of the history rows each one saw."""
+  return history_chunk_sums(model, params, hist, num_chunks, count.shape[-1])[chunk], count
+
+
+def forward_batch(model, params, hub_features, hist, batch, num_chunks: int):
   """Logits [B, A] and values [B] of a minibatch, each with its own history snapshot."""
-  sums, count = history_sums(model, params, hist, batch["hist_hi"])
+  sums, count = history_sums(model, params, hist, batch["hist_chunk"], batch["hist_count"],
+                             num_chunks)
   def one(obs, s, c):
     h_hist = model.apply({"params": params}, hub_features, s, c, method=model.history_hubs)
     logits = model.apply({"params": params}, h_hist, obs, method=model.policy)
@@ -109,16 +111,17 @@ def forward_batch(model, params, hub_features, hist, batch):
 
 def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransformation, *,
                    epochs: int, num_minibatches: int, clip_eps: float, value_coef: float,
-                   entropy_coef: float, max_traces: int | None = None):
+                   entropy_coef: float, num_chunks: int, max_traces: int | None = None):
   """Returns update(state, hub_features, hist, batch) -> (state, metrics), jitted once per shape.
 
   batch: dict of arrays with leading dim N (a multiple of num_minibatches): obs (dict), actions,
-  old_logp, advantages, returns, weights, hist_hi [N, A].
+  old_logp, advantages, returns, weights, hist_chunk [N], hist_count [N, A].
+  hist: rows [H, F], segment [H] from HistoryMemory.update_inputs(..., num_chunks).
   """
   loss_kw = dict(clip_eps=clip_eps, value_coef=value_coef, entropy_coef=entropy_coef)
 
   def loss_fn(params, hub_features, hist, mb):
-    logits, values = forward_batch(model, params, hub_features, hist, mb)
+    logits, values = forward_batch(model, params, hub_features, hist, mb, num_chunks)
     w = mb["weights"]
     adv = mb["advantages"]
     return ppo_loss(logits, values, mb["actions"], mb["old_logp"], adv, mb["returns"],

@@ -75,13 +75,11 @@ def build_batch(episodes: list[rollout.Episode], history: history_lib.HistoryMem
   obs_b = features_lib.stack(obs, pad_to=N)
   hist = history if history is not None else history_lib.HistoryMemory(
       obs_b["rows"].shape[-1], num_hubs, capacity=0)
-  hist_inputs = hist.update_inputs(np.asarray(snaps))
-  hi = np.zeros((N, num_hubs), np.int32)
-  hi[:n] = hist_inputs.pop("hi")
-  hi[n:] = hist_inputs["lo"]
+  hist_inputs = hist.update_inputs(np.asarray(snaps), num_chunks=N + 1)
   batch = dict(obs=obs_b, actions=pad(actions, np.int32), old_logp=pad(logp, np.float32),
                advantages=pad(advs, np.float32), returns=pad(rets, np.float32),
-               weights=pad(np.ones(n), np.float32), hist_hi=hi)
+               weights=pad(np.ones(n), np.float32), hist_chunk=pad(hist_inputs.pop("chunk"), np.int32),
+               hist_count=pad(hist_inputs.pop("count"), np.float32))
   return batch, hist_inputs
 
 
@@ -170,8 +168,13 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   optimizer = ppo.make_optimizer(learning_rate=p.learning_rate, value_lr_multiplier=p.value_lr_multiplier,
                                  max_grad_norm=p.max_grad_norm)
   state = init_state(model, sysm.featurizer, optimizer, config.seed)
+  roles = sysm.space.roles
+  max_calls = sysm.mdp_cfg.max_calls(thinker=bool(roles.indices_of_kind("thinker")),
+                                     verifier=bool(roles.indices_of_kind("verifier")))
+  batch_size = batch_size_for(int(config.train.episodes_per_iter), max_calls, int(p.num_minibatches))
   update = ppo.make_update_fn(model, optimizer, epochs=int(p.epochs), num_minibatches=int(p.num_minibatches),
-                              clip_eps=p.clip_eps, value_coef=p.value_coef, entropy_coef=p.entropy_coef)
+                              clip_eps=p.clip_eps, value_coef=p.value_coef, entropy_coef=p.entropy_coef,
+                              num_chunks=batch_size + 1)
   transductive = config.model.history == "transductive"
   history = history_lib.HistoryMemory(sysm.featurizer.spec.row_dim, sysm.space.size,
                                       capacity=int(config.model.history_capacity))
@@ -190,10 +193,6 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   runner.set_params(state.params, history if transductive else None)
   hub_features = jnp.asarray(sysm.featurizer.hub_features)
   n_iters = math.ceil(config.train.episodes / config.train.episodes_per_iter)
-  roles = sysm.space.roles
-  max_calls = sysm.mdp_cfg.max_calls(thinker=bool(roles.indices_of_kind("thinker")),
-                                     verifier=bool(roles.indices_of_kind("verifier")))
-  batch_size = batch_size_for(int(config.train.episodes_per_iter), max_calls, int(p.num_minibatches))
   queries = sysm.train_queries
   t0 = time.time()
   for it in range(meta["iteration"] + 1, n_iters):
