@@ -74,3 +74,15 @@ def test_real_client_error_is_not_retried(vllm_backend):
                             base.SamplingParams(max_tokens=10_000)))
   s = pool.stats()
   assert c.error == "http_400" and s["retries"] == 0 and s["errors/http_400"] == 1
+
+
+def test_real_graph_counselor_trial(vllm_backend):
+  from gp_jax.counselor import experiment
+  model = vllm_backend.llm_names[0]
+  pred = asyncio.run(experiment.sample_trial(vllm_backend.make_pool(timeout_s=180.0), model,
+                                             max_steps=2))
+  calls = pred.result.calls
+  assert [c.kind for c in calls][:3] == ["plan", "thought", "action"]
+  assert all(c.error is None and c.input_tokens > 0 and c.output_tokens > 0 for c in calls)
+  assert pred.result.cost_usd == pytest.approx(sum(
+      vllm_backend.catalog.cost_usd(c.model, c.input_tokens, c.output_tokens) for c in calls))
