@@ -104,16 +104,29 @@ def build(config, *, pool: base.LLMPool | None = None) -> System:
     describe, scorer = sim_describe, sim.sim_score
   elif config.data.source == "files":
     from gp_jax import tasks as tasks_lib   # the real benchmark tasks
+    if not config.data.train_file or not config.data.test_file:
+      raise errors.ConfigError("config.data.source='files' needs data.train_file and data.test_file "
+                               "(written by experiments/prepare_data.py)")
     train = tasks_lib.load_queries(config.data.train_file)
     test = tasks_lib.load_queries(config.data.test_file)
     if config.data.n_train:
       train = train[:int(config.data.n_train)]
     if config.data.n_test:
       test = test[:int(config.data.n_test)]
+    # The root node's text is the question as the LLMs see it (options listed, code signature...).
+    originals: dict[str, Query] = {}
+    def rendered(qs):
+      out = []
+      for q in qs:
+        r = dataclasses.replace(q, query=tasks_lib.render_question(q))
+        originals[r.qid] = q
+        out.append(r)
+      return out
+    train, test = rendered(train), rendered(test)
     def describe(q):
-      t = tasks_lib.get_task(q.task_name)
-      return t.description, t.answer_format
-    scorer = lambda pred, q: tasks_lib.score(pred or "", q)
+      f = tasks_lib.prompt_fields(originals.get(q.qid, q))
+      return f["task_description"], f["answer_format"]
+    scorer = lambda pred, q: tasks_lib.score(pred or "", originals.get(q.qid, q))
   else:
     raise errors.ConfigError(f"config.data.source must be 'simulated' or 'files', got "
                              f"{config.data.source!r}")
