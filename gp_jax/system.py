@@ -39,9 +39,11 @@ class System:
   encoder: encoder_lib.TextEncoder
   featurizer: features_lib.Featurizer
 
+  sampling: base.SamplingParams = base.SamplingParams()
+
   def env(self, alpha: float) -> env_lib.WorkflowEnv:
     return env_lib.WorkflowEnv(self.space, self.mdp_cfg, self.pool, alpha=alpha,
-                               describe=self.describe, scorer=self.scorer)
+                               describe=self.describe, scorer=self.scorer, sampling=self.sampling)
 
 
 def _names(value: str, field: str) -> list[str]:
@@ -131,7 +133,10 @@ def build(config, *, pool: base.LLMPool | None = None) -> System:
     raise errors.ConfigError(f"config.data.source must be 'simulated' or 'files', got "
                              f"{config.data.source!r}")
 
-  if pool is None:
+  replay_only = config.replay.mode == "read-only"
+  if pool is None and replay_only:
+    pass   # offline replay: no backend is built or probed
+  elif pool is None:
     if config.backend == "simulator":
       if world is None:
         raise errors.ConfigError("the simulator backend needs config.data.source='simulated'")
@@ -142,6 +147,10 @@ def build(config, *, pool: base.LLMPool | None = None) -> System:
       from gp_jax.llm import openai_pool   # real OpenAI-compatible servers (vLLM)
       pool = openai_pool.OpenAIPool(catalog, config.endpoints_file, check=True,
                                     timeout_s=float(config.request_timeout_s))
+      missing = [m for m in llms if m not in pool.endpoints]
+      if missing:
+        raise errors.ConfigError(f"{config.endpoints_file} serves no endpoint for {missing}; "
+                                 f"serve them or drop them from config.llms")
     else:
       raise errors.ConfigError(f"config.backend must be 'simulator' or 'endpoints', got "
                                f"{config.backend!r}")
@@ -150,14 +159,25 @@ def build(config, *, pool: base.LLMPool | None = None) -> System:
     from gp_jax.llm import replay    # response cache: record, or re-run offline bit for bit
     if not config.replay.path:
       raise errors.ConfigError("config.replay.mode needs config.replay.path")
-    pool = replay.ReplayPool(None if config.replay.mode == "read-only" else pool,
+    pool = replay.ReplayPool(None if replay_only else pool,
                              config.replay.path, config.replay.mode, catalog=catalog)
 
   cache = config.text.cache or None
-  encoder = encoder_lib.make_encoder(config.text.encoder, cache_path=cache, dim=int(config.text.dim))
+  enc_kw = dict(dim=int(config.text.dim))
+  if config.text.encoder == "vllm_embed":
+    if not config.text.base_url or not config.text.model:
+      raise errors.ConfigError("config.text.encoder='vllm_embed' needs config.text.base_url and "
+                               "config.text.model")
+    enc_kw = dict(base_url=config.text.base_url, model=config.text.model)
+  encoder = encoder_lib.make_encoder(config.text.encoder, cache_path=cache, **enc_kw)
   spec = features_lib.FeatureSpec(text_dim=encoder.dim, mem_proj=int(config.model.mem_proj),
                                   max_rows=cfg.step_cap, num_actions=space.size)
   featurizer = features_lib.Featurizer(spec, encoder, space,
                                        {m.name: m.description for m in catalog.llms}, cfg,
                                        seed=config.seed)
-  return System(catalog, space, cfg, pool, world, train, test, describe, scorer, encoder, featurizer)
+  if config.sampling.max_tokens < 1 or config.sampling.temperature < 0:
+    raise errors.ConfigError("config.sampling needs max_tokens >= 1 and temperature >= 0")
+  sampling = base.SamplingParams(temperature=float(config.sampling.temperature),
+                                 max_tokens=int(config.sampling.max_tokens))
+  return System(catalog, space, cfg, pool, world, train, test, describe, scorer, encoder, featurizer,
+                sampling)

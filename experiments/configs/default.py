@@ -9,6 +9,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.backend = "simulator"          # "simulator" (embedded) or "endpoints" (OpenAI-compatible servers)
   c.endpoints_file = ""            # endpoints JSON written by experiments/serve_backbones.py
   c.request_timeout_s = 120.0      # one HTTP attempt (endpoints backend)
+  c.sampling = ml_collections.ConfigDict()
+  c.sampling.temperature = 0.0     # LLM sampling (the per-episode seed is set by the rollout)
+  c.sampling.max_tokens = 512      # output cap per call; lower it for slow CPU backends
   c.replay = ml_collections.ConfigDict()
   c.replay.mode = "off"            # "off", "read-write" (record) or "read-only" (replay offline)
   c.replay.path = ""               # SQLite file of the response cache
@@ -38,6 +41,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.text.encoder = "hashing"       # "hashing" (default, no weights) or "minilm"
   c.text.dim = 384                 # hashing width (MiniLM is 384)
   c.text.cache = ""                # SQLite embedding cache path ("" = memory only)
+  c.text.base_url = ""             # vllm_embed only: OpenAI-compatible base URL (.../v1)
+  c.text.model = ""                # vllm_embed only: served embedding model name
 
   c.model = ml_collections.ConfigDict()
   c.model.hidden = 32              # GARNet width (paper: 32)
