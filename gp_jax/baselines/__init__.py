@@ -1,0 +1,1 @@
+"""Baseline routers GraphPlanner is compared with, and the alpha-sweep experiment."""
