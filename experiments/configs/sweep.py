@@ -1,0 +1,43 @@
+"""Alpha-sweep config: GraphPlanner and the baselines at CPU-feasible sizes.
+
+  --config=experiments/configs/sweep.py        the CPU sweep (5 alphas x 3 seeds)
+  --config=experiments/configs/sweep.py:test   the CI-sized sweep (2 alphas x 2 seeds, < 1 minute)
+"""
+import ml_collections
+
+from experiments.configs import default
+from experiments.configs import test as test_config
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  if arg not in ("", "test"):
+    raise ValueError(f"unknown sweep config variant {arg!r}; use '' or 'test'")
+  if arg == "test":
+    c = test_config.get_config()
+    c.train.episodes = 32          # two PPO iterations per cell keep the CI sweep under a minute
+  else:
+    c = default.get_config()
+    c.llms = ("qwen2.5-7b-instruct,llama-3.1-8b-instruct,gemma-2-9b-it,llama3-chatqa-1.5-70b,"
+              "llama-3.3-nemotron-super-49b-v1")   # five of the nine training LLMs, cheap to large
+    c.data.n_train = 400           # training queries (GraphPlanner and the routers' labels)
+    c.data.n_test = 150            # held-out test queries of every method
+    c.text.dim = 128               # hashing width
+    c.model.mem_proj = 32
+    c.model.history_capacity = 5000
+    c.train.episodes = 1024        # GraphPlanner training episodes per cell
+    c.train.episodes_per_iter = 64
+    c.train.parallel = 64
+    c.train.checkpoint_every = 4
+  c.eval.baselines = True
+  c.eval.optimum = True
+
+  c.sweep = ml_collections.ConfigDict()
+  c.sweep.alphas = "0,0.1,0.3,0.5,0.9" if arg == "" else "0,0.9"   # cost weights of the grid
+  c.sweep.seeds = "0,1,2" if arg == "" else "0,1"   # seeds (data, init, sampling) per alpha
+  c.sweep.routers = "random,best_single,largest,cheapest,knn,linear,mlp"  # single-round routers
+  c.sweep.knn_k = 10               # neighbours of the KNN router
+  c.sweep.mlp_hidden = 64          # hidden width of the MLP router
+  c.sweep.router_steps = 500 if arg == "" else 200   # full-batch Adam steps (linear, MLP)
+  c.sweep.router_learning_rate = 1e-2
+  c.sweep.router_weight_decay = 1e-3
+  return c

@@ -1,0 +1,27 @@
+"""The alpha sweep: GraphPlanner, single-round routers, single LLMs, random and the DP optimum.
+
+  python -m experiments.sweep --workdir=runs/sweep
+  python -m experiments.sweep --config=experiments/configs/sweep.py:test --workdir=/tmp/sweep
+Rerunning the same command skips finished (alpha, seed) cells. Then: python -m experiments.report.
+"""
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from experiments import common
+from gp_jax.baselines import sweep
+
+_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/sweep.py", "Sweep config.")
+_WORKDIR = flags.DEFINE_string("workdir", "runs/sweep", "Sweep directory (cells, labels).")
+
+
+@common.user_errors_exit_2
+def main(argv):
+  del argv
+  res = sweep.sweep_from_config(_CONFIG.value, _WORKDIR.value)
+  print(f"ran {len(res['ran'])} cells, skipped {len(res['skipped'])} finished ones, "
+        f"in {res['seconds']:.0f}s; report: python -m experiments.report --workdir={_WORKDIR.value}")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,142 @@
+"""The alpha sweep: GraphPlanner against every baseline at each alpha and seed, resumably.
+
+Layout of a sweep workdir:
+  labels_seed<S>.npz          single-round router training labels of seed S (alpha-independent)
+  alpha<A>_seed<S>/graphplanner/  GraphPlanner checkpoints and metrics of that cell
+  alpha<A>_seed<S>/cell.json  evaluation rows of every method on the cell's test queries
+A cell whose cell.json exists is finished and skipped on a rerun; an interrupted GraphPlanner run
+resumes from its latest checkpoint.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import sys
+import time
+
+from gp_jax import errors
+from gp_jax import evaluation
+from gp_jax import system as system_lib
+from gp_jax.baselines import labels as labels_lib
+from gp_jax.baselines import single_round
+from gp_jax.rl import train as train_lib
+
+CELL_FILE = "cell.json"
+
+
+def parse_list(value: str, field: str, cast=float) -> list:
+  """'0,0.1' -> [0.0, 0.1]; a ConfigError naming `field` on bad or empty input."""
+  parts = [p.strip() for p in str(value).split(",") if p.strip()]
+  try:
+    out = [cast(p) for p in parts]
+  except ValueError:
+    raise errors.ConfigError(f"config.{field}={value!r} is not a comma list of numbers") from None
+  if not out:
+    raise errors.ConfigError(f"config.{field} is empty")
+  return out
+
+
+def cell_dir(workdir: pathlib.Path, alpha: float, seed: int) -> pathlib.Path:
+  return workdir / f"alpha{alpha:g}_seed{seed}"
+
+
+def _labels(system, workdir: pathlib.Path, seed: int) -> labels_lib.RoutingData:
+  path = workdir / f"labels_seed{seed}.npz"
+  if path.exists():
+    data = labels_lib.RoutingData.load(path)
+    if data.llms == tuple(system.space.llms) and len(data.x) == len(system.train_queries):
+      return data
+  data = labels_lib.collect(system, system.train_queries, seed=seed)
+  tmp = path.with_suffix(".tmp.npz")
+  data.save(tmp)
+  tmp.replace(path)
+  return data
+
+
+def run_cell(config, system, routers, alpha: float, seed: int, out: pathlib.Path, *,
+             verbose: bool) -> dict:
+  """Trains GraphPlanner at (alpha, seed) and evaluates it with every baseline; writes cell.json."""
+  t0 = time.time()
+  cfg = config.copy_and_resolve_references()
+  cfg.alpha, cfg.seed = float(alpha), int(seed)
+  summary = train_lib.train(cfg, out / "graphplanner", system=system, verbose=verbose)
+  model, params, history = train_lib.load_router(cfg, out / "graphplanner", system)
+  hist = history if cfg.model.history == "transductive" else None
+  rows = evaluation.evaluate(system, alpha, router=(model, params, hist), baselines=True,
+                             optimum=system.world is not None, parallel=int(cfg.train.parallel),
+                             seed=seed)
+  router_rows, picks = single_round.evaluate_routers(system, alpha, routers, system.test_queries,
+                                                     seed=seed)
+  rows += router_rows
+  record = dict(alpha=alpha, seed=seed, simulated=system.world is not None,
+                n_train=len(system.train_queries), n_test=len(system.test_queries),
+                llms=list(system.space.llms), router_picks=picks,
+                train=dict(episodes=summary["episodes"], seconds=summary["train_seconds"],
+                           best_running=summary["best_running"]),
+                seconds=time.time() - t0, rows=[dataclasses.asdict(r) for r in rows])
+  tmp = out / (CELL_FILE + ".tmp")
+  tmp.write_text(json.dumps(record, indent=1))
+  tmp.replace(out / CELL_FILE)          # a cell is finished only once its file is whole
+  return record
+
+
+def run_sweep(config, workdir: str | pathlib.Path, *, alphas: list[float], seeds: list[int],
+              routers: list[str], router_kwargs: dict | None = None, verbose: bool = True) -> dict:
+  """Runs every unfinished (alpha, seed) cell.
+
+  Args:
+    config: the GraphPlanner run config (alpha and seed are overridden per cell).
+    workdir: sweep directory (created).
+    alphas, seeds: the grid.
+    routers: single-round router names (gp_jax.baselines.single_round.ROUTERS).
+    router_kwargs: hyperparameters of the routers (knn_k, mlp_hidden, steps, ...).
+  Returns:
+    {"ran": [(alpha, seed)], "skipped": [(alpha, seed)], "seconds": wall time}.
+  """
+  if any(a < 0 for a in alphas):
+    raise errors.ConfigError(f"alphas must be >= 0, got {alphas}")
+  for name in routers:               # every name checked before any work is done
+    single_round.make_router(name, **(router_kwargs or {}))
+  workdir = pathlib.Path(workdir)
+  workdir.mkdir(parents=True, exist_ok=True)
+  t0 = time.time()
+  ran, skipped = [], []
+  for seed in seeds:
+    todo = [a for a in alphas if not (cell_dir(workdir, a, seed) / CELL_FILE).exists()]
+    skipped += [(a, seed) for a in alphas if a not in todo]
+    if not todo:
+      continue
+    cfg = config.copy_and_resolve_references()
+    cfg.seed = int(seed)
+    system = system_lib.build(cfg)   # the seed fixes the train/test queries of the cell
+    data = _labels(system, workdir, seed)
+    fitted = single_round.fit_routers(routers, data, system.catalog,
+                                      **dict(router_kwargs or {}, seed=seed))
+    for alpha in todo:
+      out = cell_dir(workdir, alpha, seed)
+      out.mkdir(parents=True, exist_ok=True)
+      rec = run_cell(config, system, fitted, alpha, seed, out, verbose=verbose)
+      ran.append((alpha, seed))
+      if verbose:
+        best = {r["policy"]: r["reward"] for r in rec["rows"] if r["domain"] == "all"}
+        print(f"alpha={alpha:g} seed={seed}: GraphPlanner {best.get('GraphPlanner', float('nan')):.3f}, "
+              f"optimum {best.get('optimum (DP)', float('nan')):.3f}, "
+              f"best router {max(v for k, v in best.items() if k.startswith('router:')):.3f} "
+              f"({rec['seconds']:.0f}s)", file=sys.stderr)
+  return dict(ran=ran, skipped=skipped, seconds=time.time() - t0)
+
+
+def sweep_from_config(config, workdir, *, verbose: bool = True) -> dict:
+  """run_sweep with the grid and router settings of config.sweep."""
+  if "sweep" not in config:
+    raise errors.ConfigError("the config has no 'sweep' section; use experiments/configs/sweep.py")
+  s = config.sweep
+  return run_sweep(config, workdir, alphas=parse_list(s.alphas, "sweep.alphas"),
+                   seeds=parse_list(s.seeds, "sweep.seeds", int),
+                   routers=[r.strip() for r in str(s.routers).split(",") if r.strip()],
+                   router_kwargs=dict(knn_k=int(s.knn_k), mlp_hidden=int(s.mlp_hidden),
+                                      steps=int(s.router_steps),
+                                      learning_rate=float(s.router_learning_rate),
+                                      weight_decay=float(s.router_weight_decay)),
+                   verbose=verbose)
