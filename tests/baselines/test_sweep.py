@@ -1,0 +1,107 @@
+"""The alpha sweep and its report, end to end on the CI-sized config in a temporary directory."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from experiments.configs import sweep as sweep_config
+from gp_jax import errors
+from gp_jax.baselines import report
+from gp_jax.baselines import sweep
+
+REPO = pathlib.Path(__file__).resolve().parents[2]
+
+
+def tiny_config():
+  c = sweep_config.get_config("test")
+  c.sweep.seeds = "0"
+  c.compile_cache = ""
+  return c
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory):
+  wd = tmp_path_factory.mktemp("sweep")
+  c = tiny_config()
+  c.sweep.alphas = "0.9"
+  first = sweep.sweep_from_config(c, wd, verbose=False)
+  cell = wd / "alpha0.9_seed0" / "cell.json"
+  stamp = cell.stat().st_mtime_ns
+  c.sweep.alphas = "0,0.9"
+  second = sweep.sweep_from_config(c, wd, verbose=False)
+  return wd, first, second, stamp
+
+
+def test_sweep_writes_cells_and_resumes(swept):
+  wd, first, second, stamp = swept
+  assert first["ran"] == [(0.9, 0)] and first["skipped"] == []
+  assert second["ran"] == [(0.0, 0)] and second["skipped"] == [(0.9, 0)]
+  assert (wd / "alpha0.9_seed0" / "cell.json").stat().st_mtime_ns == stamp   # not rewritten
+  assert (wd / "labels_seed0.npz").exists()
+  for a in ("0", "0.9"):
+    rec = json.loads((wd / f"alpha{a}_seed0" / "cell.json").read_text())
+    rows = {r["policy"]: r for r in rec["rows"] if r["domain"] == "all"}
+    expected = {"GraphPlanner", "random", "optimum (DP)"} | {
+        f"router:{n}" for n in tiny_config().sweep.routers.split(",")} | {
+        f"single:{m}" for m in rec["llms"]}
+    assert set(rows) == expected
+    assert all(r["n"] == rec["n_test"] for r in rows.values())
+    for r in rows.values():   # nothing beats the exact optimum in expectation
+      assert r["reward"] <= rows["optimum (DP)"]["reward"] + 1e-9
+    # A router that always picks one LLM reproduces that LLM's single-LLM row exactly.
+    largest = max(rec["router_picks"]["largest"], key=rec["router_picks"]["largest"].get)
+    assert rows["router:largest"]["reward"] == pytest.approx(rows[f"single:{largest}"]["reward"])
+
+
+def test_report_tables_and_plot(swept, tmp_path):
+  wd, *_ = swept
+  out = report.write_report(wd, tmp_path / "r.md")
+  text = out.read_text()
+  assert "![accuracy vs cost](r_pareto.png)" in text
+  assert "| GraphPlanner |" in text and "## alpha = 0.9" in text
+  png = (tmp_path / "r_pareto.png").read_bytes()
+  assert png[:8] == b"\x89PNG\r\n\x1a\n" and len(png) > 20_000
+  agg = report.aggregate(report.load_cells(wd))
+  assert sorted(agg) == [0.0, 0.9]
+  cell = json.loads((wd / "alpha0_seed0" / "cell.json").read_text())
+  gp = [r for r in cell["rows"] if r["policy"] == "GraphPlanner" and r["domain"] == "all"][0]
+  assert agg[0.0]["GraphPlanner"]["reward"] == (pytest.approx(gp["reward"]), 0.0, 1)
+  # alpha 0: the expected accuracy is the reward itself.
+  assert agg[0.0]["GraphPlanner"]["exp_accuracy"][0] == pytest.approx(gp["reward"])
+
+
+def test_report_aggregates_over_seeds(tmp_path):
+  rows = lambda r: [dict(policy="p", domain="all", n=2, accuracy=r, cost=1.0, reward=r, calls=1.0)]
+  for seed, r in ((0, 0.2), (1, 0.4), (2, 0.9)):
+    d = tmp_path / f"alpha0.5_seed{seed}"
+    d.mkdir()
+    (d / "cell.json").write_text(json.dumps(dict(alpha=0.5, seed=seed, simulated=True, rows=rows(r))))
+  m = report.aggregate(report.load_cells(tmp_path))[0.5]["p"]
+  assert m["reward"][0] == pytest.approx(0.5)
+  assert m["reward"][1] == pytest.approx(0.3605551, rel=1e-5)   # sample std of 0.2, 0.4, 0.9
+  assert m["exp_accuracy"][0] == pytest.approx(0.5 + 0.5 * 1.0)
+
+
+def test_bad_inputs_fail_cleanly(tmp_path):
+  c = tiny_config()
+  c.sweep.routers = "knn,nope"
+  with pytest.raises(errors.ConfigError, match="unknown router 'nope'"):
+    sweep.sweep_from_config(c, tmp_path / "w", verbose=False)
+  assert not (tmp_path / "w").exists()          # nothing written before the check
+  c = tiny_config()
+  c.sweep.alphas = "0,x"
+  with pytest.raises(errors.ConfigError, match="sweep.alphas"):
+    sweep.sweep_from_config(c, tmp_path / "w", verbose=False)
+  (tmp_path / "bad" / "alpha0_seed0").mkdir(parents=True)
+  (tmp_path / "bad" / "alpha0_seed0" / "cell.json").write_text("{not json")
+  with pytest.raises(errors.DataError, match="cell.json"):
+    report.load_cells(tmp_path / "bad")
+
+
+def test_report_runner_exits_2_on_empty_workdir(tmp_path):
+  p = subprocess.run([sys.executable, "-m", "experiments.report", f"--workdir={tmp_path}"],
+                     cwd=REPO, capture_output=True, text=True, timeout=120)
+  assert p.returncode == 2
+  assert p.stderr.strip().splitlines()[-1].startswith("error: ") and "no finished sweep cells" in p.stderr
