@@ -7,7 +7,6 @@ which removes the simulator's sampling noise; accuracy is the realised one.
 """
 from __future__ import annotations
 
-import asyncio
 import collections
 import dataclasses
 import json
@@ -16,6 +15,7 @@ import pathlib
 import jax
 import numpy as np
 
+from gp_jax import aio
 from gp_jax import system as system_lib
 from gp_jax.llm import simulator as sim
 from gp_jax.rl import rollout
@@ -62,7 +62,7 @@ def summarize(name: str, system, env, queries: list[Query], states) -> list[Row]
 def run_router(system, env, model, params, history, queries, *, parallel: int, seed: int):
   runner = rollout.PolicyRunner(model, system.featurizer.hub_features, parallel)
   runner.set_params(params, history)
-  eps = asyncio.run(rollout.run_episodes(
+  eps = aio.run(rollout.run_episodes(
       env, system.featurizer, runner, queries, key=jax.random.PRNGKey(seed), greedy=True,
       history=history, grow_history=False, seed_salt=("eval", seed)))
   return [e.state for e in eps]

@@ -24,7 +24,7 @@ from gp_jax.types import Query
 from gp_jax.workflow import env as env_lib
 from gp_jax.workflow import mdp
 
-ROW_CHUNK = 64   # new history rows are transformed in chunks of this size (one compile)
+ROW_CHUNK = 256   # new history rows are transformed in chunks of this size (one compile)
 
 
 class PolicyRunner:
@@ -165,6 +165,7 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
     snap = history.snapshot() if history is not None else 0
     results = await asyncio.gather(*[
         env.step(ep.state, ep.query, int(actions[j]), ep.seed) for j, (_, (_, ep)) in enumerate(live)])
+    new_rows, new_hubs = [], []
     for j, ((s, (i, ep)), res) in enumerate(zip(live, results)):
       ep.obs.append(obs[j]); ep.actions.append(int(actions[j])); ep.logp.append(float(logp[j]))
       ep.values.append(float(values[j])); ep.rewards.append(res.reward); ep.snapshots.append(snap)
@@ -172,10 +173,12 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
       if res.done:
         ep.utility = env.utility(ep.state, ep.query)
         if grow_history and history is not None:
-          rows = featurizer.memory_rows(ep.state.calls, ep.utility)
-          hubs = np.array([c.action for c in ep.state.calls], np.int32)
-          history.add(rows, hubs)
-          runner.add_history(rows, hubs)
+          new_rows.append(featurizer.memory_rows(ep.state.calls, ep.utility))
+          new_hubs.append(np.array([c.action for c in ep.state.calls], np.int32))
         done[i] = ep
         start(s)
+    if new_rows:   # episodes finished in this lock-step join the history for the next decisions
+      rows, hubs = np.concatenate(new_rows), np.concatenate(new_hubs)
+      history.add(rows, hubs)
+      runner.add_history(rows, hubs)
   return [done[i] for i in range(len(queries))]

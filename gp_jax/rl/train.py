@@ -8,7 +8,6 @@ checkpoint (params, optimizer, history memory, PRNG state, counters) and reprodu
 """
 from __future__ import annotations
 
-import asyncio
 import json
 import math
 import pathlib
@@ -19,6 +18,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from gp_jax import aio
 from gp_jax import errors
 from gp_jax import system as system_lib
 from gp_jax.graph import features as features_lib
@@ -202,7 +202,7 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
     batch_q = [queries[i] for i in _query_order(len(queries), config.seed, start,
                                                  config.train.episodes_per_iter)]
     t_roll = time.time()
-    episodes = asyncio.run(rollout.run_episodes(
+    episodes = aio.run(rollout.run_episodes(
         env, sysm.featurizer, runner, batch_q, key=jax.random.fold_in(jax.random.PRNGKey(config.seed + 1), it),
         greedy=False, history=history if transductive else None, grow_history=transductive,
         seed_salt=(config.seed, it)))

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 from typing import Callable, Protocol
 
+from gp_jax import aio
+
 import numpy as np
 
 from gp_jax.types import Query
@@ -64,4 +66,4 @@ async def _run(env: env_lib.WorkflowEnv, policy: Policy, queries: list[Query], s
 def run_policy(env: env_lib.WorkflowEnv, policy: Policy, queries: list[Query], *, seed: int = 0,
                concurrency: int = 64) -> list[mdp.WorkflowState]:
   """Finished workflow states, one per query, in order."""
-  return asyncio.run(_run(env, policy, queries, seed, concurrency))
+  return aio.run(_run(env, policy, queries, seed, concurrency))
