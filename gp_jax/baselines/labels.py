@@ -25,19 +25,27 @@ class RoutingData:
     utility: [N, M] float32 utility of LLM m answering query n, in [0, 1].
     cost: [N, M] float32 cost units of that call.
     llms: the M LLM names, in the action space's order.
+    tasks: the N queries' task names (graph routers link queries through task nodes).
+    llm_x: [M, D] float32 embeddings of the LLMs' catalog descriptions (graph routers' LLM nodes).
   """
   x: np.ndarray
   utility: np.ndarray
   cost: np.ndarray
   llms: tuple[str, ...]
+  tasks: tuple[str, ...] = ()
+  llm_x: np.ndarray | None = None
 
   def save(self, path) -> None:
-    np.savez(path, x=self.x, utility=self.utility, cost=self.cost, llms=np.array(self.llms))
+    extra = {} if self.llm_x is None else dict(llm_x=self.llm_x)
+    np.savez(path, x=self.x, utility=self.utility, cost=self.cost, llms=np.array(self.llms),
+             tasks=np.array(self.tasks, dtype=str), **extra)
 
   @classmethod
   def load(cls, path) -> "RoutingData":
     with np.load(path) as z:
-      return cls(z["x"], z["utility"], z["cost"], tuple(str(s) for s in z["llms"]))
+      return cls(z["x"], z["utility"], z["cost"], tuple(str(s) for s in z["llms"]),
+                 tuple(str(s) for s in z["tasks"]) if "tasks" in z else (),
+                 z["llm_x"] if "llm_x" in z else None)
 
 
 def embed(system, queries: list[Query]) -> np.ndarray:
@@ -65,4 +73,6 @@ def collect(system, queries: list[Query], *, seed: int = 0, concurrency: int = 6
       utility[i, j] = (sim.expected_utility(system.world, s) if system.world is not None
                        else env.utility(s, q))
       cost[i, j] = env.cost_units(s)
-  return RoutingData(embed(system, queries), utility, cost, llms)
+  llm_x = np.asarray(system.encoder.encode([system.catalog[m].description for m in llms]), np.float32)
+  return RoutingData(embed(system, queries), utility, cost, llms,
+                     tuple(q.task_name for q in queries), llm_x)

@@ -30,19 +30,20 @@ class Router(abc.ABC):
     return self
 
   @abc.abstractmethod
-  def choose(self, x: np.ndarray, alpha: float, rng: np.random.Generator) -> np.ndarray:
-    """[B, D] embeddings -> [B] int LLM indices."""
+  def choose(self, x: np.ndarray, alpha: float, rng: np.random.Generator,
+             tasks: list[str] | None = None) -> np.ndarray:
+    """[B, D] embeddings (and the B task names, used by graph routers) -> [B] int LLM indices."""
 
 
 class PredictiveRouter(Router):
   """Routers that predict per-(query, LLM) utility and cost, then take argmax U - alpha * C."""
 
   @abc.abstractmethod
-  def predict(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+  def predict(self, x: np.ndarray, tasks: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
     """[B, D] -> ([B, M] predicted utility, [B, M] predicted cost units)."""
 
-  def choose(self, x, alpha, rng):
-    u, c = self.predict(x)
+  def choose(self, x, alpha, rng, tasks=None):
+    u, c = self.predict(x, tasks=tasks)
     return np.argmax(u - alpha * c, axis=1)
 
 
@@ -53,7 +54,7 @@ class RandomRouter(Router):
     self.m = len(data.llms)
     return self
 
-  def choose(self, x, alpha, rng):
+  def choose(self, x, alpha, rng, tasks=None):
     return rng.integers(0, self.m, size=len(x))
 
 
@@ -64,7 +65,7 @@ class BestSingleRouter(PredictiveRouter):
     self.u, self.c = data.utility.mean(0), data.cost.mean(0)
     return self
 
-  def predict(self, x):
+  def predict(self, x, tasks=None):
     return np.tile(self.u, (len(x), 1)), np.tile(self.c, (len(x), 1))
 
 
@@ -79,7 +80,7 @@ class CatalogRuleRouter(Router):
     self.index = max(range(len(specs)), key=lambda i: self.key(specs[i]))
     return self
 
-  def choose(self, x, alpha, rng):
+  def choose(self, x, alpha, rng, tasks=None):
     return np.full(len(x), self.index)
 
 
@@ -95,7 +96,7 @@ class KNNRouter(PredictiveRouter):
     self.data = data
     return self
 
-  def predict(self, x):
+  def predict(self, x, tasks=None):
     d = self.data
     return regressors.knn_predict(d.x, d.utility, d.cost, x, k=self.k)
 
@@ -114,7 +115,7 @@ class NetRouter(PredictiveRouter):
     self.net = regressors.fit_net(data.x, data.utility, data.cost, **self.kw)
     return self
 
-  def predict(self, x):
+  def predict(self, x, tasks=None):
     return self.net.predict(x)
 
 
@@ -133,11 +134,19 @@ ROUTERS: dict[str, Callable[..., Router]] = {
     "mlp": lambda *, mlp_hidden=64, steps=500, learning_rate=1e-2, weight_decay=1e-3, seed=0, **kw:
         NetRouter(hidden=(mlp_hidden,), steps=steps, learning_rate=learning_rate,
                   weight_decay=weight_decay, seed=seed),
+    "graph": lambda *, graph_hidden=32, graph_steps=300, seed=0, **kw: _graph_router(
+        hidden=graph_hidden, steps=graph_steps, seed=seed),
 }
 
 
+def _graph_router(**kw) -> Router:
+  from gp_jax.baselines import graph_router   # imports this module
+  return graph_router.GraphRouter(**kw)
+
+
 def make_router(name: str, **kwargs) -> Router:
-  """A router by registry name. kwargs: knn_k, mlp_hidden, steps, learning_rate, weight_decay, seed."""
+  """A router by registry name. kwargs: knn_k, mlp_hidden, steps, learning_rate, weight_decay,
+  graph_hidden, graph_steps, seed."""
   if name not in ROUTERS:
     raise errors.unknown_name("router", name, ROUTERS)
   return ROUTERS[name](**kwargs)
@@ -171,10 +180,11 @@ def evaluate_routers(system, alpha: float, routers: dict[str, Router], queries: 
   """
   env = system.env(alpha)
   x = labels_lib.embed(system, queries) if x is None else x
+  tasks = [q.task_name for q in queries]
   llms = list(system.space.llms)
   rows, picks = [], {}
   for i, (name, router) in enumerate(routers.items()):
-    choice = router.choose(x, alpha, np.random.default_rng([seed, i]))
+    choice = router.choose(x, alpha, np.random.default_rng([seed, i]), tasks=tasks)
     llm_of = {q.qid: llms[int(c)] for q, c in zip(queries, choice)}
     picks[name] = {m: int(np.sum(choice == j)) for j, m in enumerate(llms) if np.any(choice == j)}
     states = policies.run_policy(env, routed_policy(system.space, llm_of), queries, seed=seed)

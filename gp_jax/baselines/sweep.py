@@ -138,5 +138,7 @@ def sweep_from_config(config, workdir, *, verbose: bool = True) -> dict:
                    router_kwargs=dict(knn_k=int(s.knn_k), mlp_hidden=int(s.mlp_hidden),
                                       steps=int(s.router_steps),
                                       learning_rate=float(s.router_learning_rate),
-                                      weight_decay=float(s.router_weight_decay)),
+                                      weight_decay=float(s.router_weight_decay),
+                                      graph_hidden=int(s.get("graph_hidden", 32)),
+                                      graph_steps=int(s.get("graph_steps", 300))),
                    verbose=verbose)

@@ -12,6 +12,7 @@ from gp_jax.baselines import single_round
 from gp_jax.llm import catalog as catalog_lib
 
 LEARNED = ["knn", "linear", "mlp"]
+ON_SIMULATOR = LEARNED + ["graph"]
 
 
 def test_knn_matches_loop_reference():
@@ -88,7 +89,8 @@ def simulated():
   c.data.n_train, c.data.n_test = 300, 200
   system = system_lib.build(c)
   data = labels_lib.collect(system, system.train_queries, seed=0)
-  fitted = single_round.fit_routers(list(single_round.ROUTERS), data, system.catalog, steps=300)
+  fitted = single_round.fit_routers(list(single_round.ROUTERS), data, system.catalog, steps=300,
+                                    graph_steps=300)
   return system, data, fitted
 
 
@@ -96,13 +98,30 @@ def test_labels_on_the_simulator(simulated, tmp_path):
   system, data, _ = simulated
   assert data.utility.shape == data.cost.shape == (300, 3)
   assert data.x.shape == (300, system.encoder.dim)
+  assert data.llm_x.shape == (3, system.encoder.dim) and len(data.tasks) == 300
   assert np.all((data.utility >= 0) & (data.utility <= 1)) and np.all(data.cost > 0)
   # Per-query labels differ: the router has something to learn beyond the LLM's mean.
   assert np.all(data.utility.std(0) > 0.05)
   data.save(tmp_path / "l.npz")
   back = labels_lib.RoutingData.load(tmp_path / "l.npz")
   np.testing.assert_array_equal(back.utility, data.utility)
-  assert back.llms == data.llms
+  assert back.llms == data.llms and back.tasks == data.tasks
+  np.testing.assert_array_equal(back.llm_x, data.llm_x)
+
+
+def test_graph_router_needs_tasks_and_uses_them(simulated):
+  system, data, fitted = simulated
+  g = fitted["graph"]
+  # Held-out BCE (floored by the soft labels' entropy) + log-cost MSE; 20 steps leave it at 0.66.
+  assert np.isfinite(g.final_loss) and g.final_loss < 0.6
+  x = labels_lib.embed(system, system.test_queries[:5])
+  with pytest.raises(ValueError, match="task name"):
+    g.predict(x)
+  u, c = g.predict(x, tasks=[q.task_name for q in system.test_queries[:5]])
+  assert u.shape == c.shape == (5, 3) and np.all((u > 0) & (u < 1)) and np.all(c > 0)
+  bare = labels_lib.RoutingData(data.x, data.utility, data.cost, data.llms)
+  with pytest.raises(errors.ConfigError, match="task names"):
+    single_round.make_router("graph").fit(bare, system.catalog)
 
 
 def test_learned_routers_beat_random_and_best_single(simulated):
@@ -111,7 +130,7 @@ def test_learned_routers_beat_random_and_best_single(simulated):
     rows, picks = single_round.evaluate_routers(system, alpha, fitted, system.test_queries, seed=0)
     o = {k[len("router:"):]: v for k, v in evaluation.overall(rows).items()}
     assert o["random"].n == 200
-    for name in LEARNED:   # expected rewards (no sampling noise) on 200 held-out queries
+    for name in ON_SIMULATOR:   # expected rewards (no sampling noise) on 200 held-out queries
       assert o[name].reward > o["random"].reward + 0.02, (alpha, name, o[name], o["random"])
       assert o[name].reward > o["best_single"].reward, (alpha, name, o[name], o["best_single"])
       assert len(picks[name]) >= 2     # it really routes, not one LLM for all
@@ -121,8 +140,9 @@ def test_learned_routers_beat_random_and_best_single(simulated):
 def test_cost_falls_as_alpha_grows(simulated):
   system, _, fitted = simulated
   x = labels_lib.embed(system, system.test_queries)
+  tasks = [q.task_name for q in system.test_queries]
   llm_cost = np.array([system.catalog[m].price_in for m in system.space.llms])
-  for name in LEARNED:
-    prices = [llm_cost[fitted[name].choose(x, a, np.random.default_rng(0))].mean()
+  for name in ON_SIMULATOR:
+    prices = [llm_cost[fitted[name].choose(x, a, np.random.default_rng(0), tasks=tasks)].mean()
               for a in (0.0, 0.5, 2.0)]
     assert prices[0] > prices[1] > prices[2], (name, prices)
