@@ -45,7 +45,8 @@ def _labels(system, workdir: pathlib.Path, seed: int) -> labels_lib.RoutingData:
   path = workdir / f"labels_seed{seed}.npz"
   if path.exists():
     data = labels_lib.RoutingData.load(path)
-    if data.llms == tuple(system.space.llms) and len(data.x) == len(system.train_queries):
+    if (data.llms == tuple(system.space.llms) and len(data.x) == len(system.train_queries)
+        and data.llm_x is not None):
       return data
   data = labels_lib.collect(system, system.train_queries, seed=seed)
   tmp = path.with_suffix(".tmp.npz")
