@@ -121,9 +121,10 @@ def run_sweep(config, workdir: str | pathlib.Path, *, alphas: list[float], seeds
       ran.append((alpha, seed))
       if verbose:
         best = {r["policy"]: r["reward"] for r in rec["rows"] if r["domain"] == "all"}
-        print(f"alpha={alpha:g} seed={seed}: GraphPlanner {best.get('GraphPlanner', float('nan')):.3f}, "
-              f"optimum {best.get('optimum (DP)', float('nan')):.3f}, "
-              f"best router {max(v for k, v in best.items() if k.startswith('router:')):.3f} "
+        nan = float("nan")
+        router_best = max((v for k, v in best.items() if k.startswith("router:")), default=nan)
+        print(f"alpha={alpha:g} seed={seed}: GraphPlanner {best.get('GraphPlanner', nan):.3f}, "
+              f"optimum {best.get('optimum (DP)', nan):.3f}, best router {router_best:.3f} "
               f"({rec['seconds']:.0f}s)", file=sys.stderr)
   return dict(ran=ran, skipped=skipped, seconds=time.time() - t0)
 
