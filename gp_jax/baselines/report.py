@@ -122,7 +122,9 @@ def plot(agg: dict, path: pathlib.Path) -> None:
   fig, ax = plt.subplots(figsize=(8, 5.5))
   alphas = list(agg)
   pols = _order({p for ps in agg.values() for p in ps})
-  palette = [c for i, c in enumerate(plt.get_cmap("tab10").colors) if i not in (3, 7)]  # red, grey reserved
+  # tab20 without its reds and greys (GraphPlanner and the single LLMs use those).
+  palette = [c for i, c in enumerate(plt.get_cmap("tab20").colors) if i not in (6, 7, 14, 15)]
+  markers = "o^sDvP<>X"
   k = 0
   for p in pols:
     pts = [(a, agg[a][p]) for a in alphas if p in agg[a]]
@@ -141,7 +143,8 @@ def plot(agg: dict, path: pathlib.Path) -> None:
       style = dict(color="tab:red", lw=2.2, marker="o", ms=7, label="GraphPlanner")
     else:
       label = "random (any role, any LLM)" if p == "random" else p
-      style = dict(color=palette[k % len(palette)], lw=1.2, marker="o", ms=4, label=label, alpha=0.85)
+      style = dict(color=palette[(2 * k + (2 * k) // len(palette)) % len(palette)], lw=1.2, marker=markers[k % len(markers)],
+                   ms=4, label=label, alpha=0.85)
       k += 1
     ax.errorbar(x, y, xerr=xe, yerr=ye, capsize=2, **style)
     if p in (OPTIMUM, "GraphPlanner"):
