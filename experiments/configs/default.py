@@ -66,7 +66,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.ppo.entropy_stop = 0.05        # stop when mean policy entropy falls below this
 
   c.train = ml_collections.ConfigDict()
-  c.train.episodes = 4000          # training episodes
+  c.train.episodes = 12000         # training episodes
   c.train.episodes_per_iter = 64   # episodes per PPO update
   c.train.parallel = 64            # episodes in flight
   c.train.checkpoint_every = 5     # iterations between 'latest' checkpoints
