@@ -61,7 +61,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.ppo.gamma = 0.99               # paper
   c.ppo.gae_lambda = 0.95
   c.ppo.max_grad_norm = 0.5        # paper
-  c.ppo.entropy_coef = 0.01
+  c.ppo.entropy_coef = 0.001       # small: the greedy router needs a sharp policy
   c.ppo.value_coef = 0.5
   c.ppo.entropy_stop = 0.05        # stop when mean policy entropy falls below this
 
