@@ -21,3 +21,16 @@ def unknown_name(kind: str, name: str, known) -> ConfigError:
   """Builds the standard 'unknown X' error listing the valid names."""
   known = sorted(known)
   return ConfigError(f"unknown {kind} {name!r}; known {kind}s: {', '.join(known)}")
+
+
+def read_json(path, what: str):
+  """Parses a JSON file; a missing or malformed file is a DataError naming the file (and line)."""
+  import json
+  import pathlib
+  path = pathlib.Path(path)
+  try:
+    return json.loads(path.read_text())
+  except FileNotFoundError:
+    raise DataError(f"{path}: {what} not found") from None
+  except json.JSONDecodeError as e:
+    raise DataError(f"{path}: line {e.lineno}: not valid JSON ({e.msg})") from None

@@ -12,7 +12,6 @@ Adding a role with one of these kinds is adding an entry to roles.json.
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 from typing import Sequence
 
@@ -64,12 +63,7 @@ class RoleSet:
 def load_roles(path: str | pathlib.Path = DEFAULT_ROLES_FILE) -> RoleSet:
   """Reads and validates the roles file."""
   path = pathlib.Path(path)
-  try:
-    raw = json.loads(path.read_text())
-  except FileNotFoundError:
-    raise errors.DataError(f"{path}: roles file not found") from None
-  except json.JSONDecodeError as e:
-    raise errors.DataError(f"{path}: line {e.lineno}: not valid JSON ({e.msg})") from None
+  raw = errors.read_json(path, "roles file")
   roles = []
   for i, row in enumerate(raw.get("roles", [])):
     missing = {"name", "kind", "description", "system", "user"} - set(row)

@@ -6,7 +6,6 @@ where token usage becomes dollars.
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 from typing import Iterable, Sequence
 
@@ -68,12 +67,7 @@ class Catalog:
 def load_catalog(path: str | pathlib.Path = DEFAULT_POOL_FILE) -> Catalog:
   """Reads a catalog JSON file ({"llms": [{name, size_b, price_in, price_out, description, ...}]})."""
   path = pathlib.Path(path)
-  try:
-    raw = json.loads(path.read_text())
-  except FileNotFoundError:
-    raise errors.DataError(f"{path}: LLM catalog file not found") from None
-  except json.JSONDecodeError as e:
-    raise errors.DataError(f"{path}: line {e.lineno}: not valid JSON ({e.msg})") from None
+  raw = errors.read_json(path, "LLM catalog file")
   rows = raw.get("llms") if isinstance(raw, dict) else None
   if not isinstance(rows, list) or not rows:
     raise errors.DataError(f"{path}: expected an object with a non-empty 'llms' list")

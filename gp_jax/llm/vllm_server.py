@@ -103,12 +103,7 @@ def make_spec(model: str, catalog_names: Sequence[str], *, port: int = 8000, hos
 def load_backbones(path: str | os.PathLike) -> list[BackboneSpec]:
   """Reads a backbones file (see the module docstring)."""
   path = pathlib.Path(path)
-  try:
-    raw = json.loads(path.read_text())
-  except FileNotFoundError:
-    raise errors.DataError(f"{path}: backbones file not found") from None
-  except json.JSONDecodeError as e:
-    raise errors.DataError(f"{path}: line {e.lineno}: not valid JSON ({e.msg})") from None
+  raw = errors.read_json(path, "backbones file")
   rows = raw.get("backbones") if isinstance(raw, dict) else None
   if not isinstance(rows, list) or not rows:
     raise errors.DataError(f"{path}: expected an object with a non-empty 'backbones' list")
