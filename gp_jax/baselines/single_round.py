@@ -136,7 +136,13 @@ ROUTERS: dict[str, Callable[..., Router]] = {
                   weight_decay=weight_decay, seed=seed),
     "graph": lambda *, graph_hidden=32, graph_steps=300, seed=0, **kw: _graph_router(
         hidden=graph_hidden, steps=graph_steps, seed=seed),
+    "routerdc": lambda *, routerdc_steps=300, seed=0, **kw: _routerdc(steps=routerdc_steps, seed=seed),
 }
+
+
+def _routerdc(**kw) -> Router:
+  from gp_jax.baselines import routerdc   # imports this module
+  return routerdc.RouterDC(**kw)
 
 
 def _graph_router(**kw) -> Router:
@@ -146,7 +152,7 @@ def _graph_router(**kw) -> Router:
 
 def make_router(name: str, **kwargs) -> Router:
   """A router by registry name. kwargs: knn_k, mlp_hidden, steps, learning_rate, weight_decay,
-  graph_hidden, graph_steps, seed."""
+  graph_hidden, graph_steps, routerdc_steps, seed."""
   if name not in ROUTERS:
     raise errors.unknown_name("router", name, ROUTERS)
   return ROUTERS[name](**kwargs)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import collections
 import dataclasses
-import json
 import os
 import pathlib
 import signal

@@ -8,11 +8,12 @@ from gp_jax import evaluation
 from gp_jax import system as system_lib
 from gp_jax.baselines import labels as labels_lib
 from gp_jax.baselines import regressors
+from gp_jax.baselines import routerdc
 from gp_jax.baselines import single_round
 from gp_jax.llm import catalog as catalog_lib
 
 LEARNED = ["knn", "linear", "mlp"]
-ON_SIMULATOR = LEARNED + ["graph"]
+ON_SIMULATOR = LEARNED + ["graph", "routerdc"]
 
 
 def test_knn_matches_loop_reference():
@@ -25,6 +26,28 @@ def test_knn_matches_loop_reference():
     nn = sorted(range(len(tx)), key=lambda i: -sims[i])[:4]
     np.testing.assert_allclose(u[b], tu[nn].mean(0), rtol=1e-5)
     np.testing.assert_allclose(c[b], tc[nn].mean(0), rtol=1e-5)
+
+
+def test_routerdc_losses_match_loop_reference():
+  import jax
+  rng = np.random.default_rng(1)
+  n, d, m, tau = 6, 4, 4, 0.5
+  params = dict(encoder=regressors.init_mlp(jax.random.PRNGKey(0), [d, 5, 3]),
+                llm=rng.normal(size=(m, 3)).astype(np.float32))
+  x = rng.normal(size=(n, d)).astype(np.float32)
+  u = rng.uniform(size=(n, m)).astype(np.float32)
+  task = np.array([0, 0, 0, 1, 1, 2])
+  _, met = routerdc.dual_contrastive_loss(params, x, u, task, jax.random.PRNGKey(3), tau=tau,
+                                          sample_weight=1.0)
+  s = np.asarray(routerdc.scores(params, x)) / tau
+  ref = []
+  for i in range(n):
+    order = np.argsort(-u[i])
+    pos, neg = s[i, order[0]], s[i, order[m - m // 2:]]
+    ref.append(-np.log(np.exp(pos) / (np.exp(pos) + np.exp(neg).sum())))
+  np.testing.assert_allclose(float(met["sample_llm"]), np.mean(ref), rtol=1e-5)
+  # Sample-sample: query 5 is alone in its task, so its positive is itself; check its bound.
+  assert float(met["sample_sample"]) > 0
 
 
 def constructed_data(n=120, seed=0):
