@@ -34,9 +34,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sweep = ml_collections.ConfigDict()
   c.sweep.alphas = "0,0.1,0.3,0.5,0.9" if arg == "" else "0,0.9"   # cost weights of the grid
   c.sweep.seeds = "0,1,2" if arg == "" else "0,1"   # seeds (data, init, sampling) per alpha
-  # Single-round routers; the GraphRouter-style GNN ("graph") compiles for ~10 s per fit on a
-  # CPU, so the CI-sized sweep leaves it out (tests/baselines/test_routers.py covers it).
-  c.sweep.routers = "random,best_single,largest,cheapest,knn,linear,mlp" + (",graph" if arg == "" else "")
+  # Single-round routers; the GraphRouter-style GNN ("graph") and RouterDC compile for ~10 s and
+  # ~4 s per fit on a CPU, so the CI-sized sweep leaves them out (tests/baselines covers both).
+  c.sweep.routers = ("random,best_single,largest,cheapest,knn,linear,mlp"
+                     + (",graph,routerdc" if arg == "" else ""))
   c.sweep.knn_k = 10               # neighbours of the KNN router
   c.sweep.mlp_hidden = 64          # hidden width of the MLP router
   c.sweep.router_steps = 500 if arg == "" else 200   # full-batch Adam steps (linear, MLP)
@@ -44,4 +45,5 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sweep.router_weight_decay = 1e-3
   c.sweep.graph_hidden = 32        # GNN width of the graph router
   c.sweep.graph_steps = 300        # full-batch Adam steps of the graph router
+  c.sweep.routerdc_steps = 300     # full-batch Adam steps of RouterDC
   return c

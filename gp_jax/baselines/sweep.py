@@ -142,5 +142,6 @@ def sweep_from_config(config, workdir, *, verbose: bool = True) -> dict:
                                       learning_rate=float(s.router_learning_rate),
                                       weight_decay=float(s.router_weight_decay),
                                       graph_hidden=int(s.get("graph_hidden", 32)),
-                                      graph_steps=int(s.get("graph_steps", 300))),
+                                      graph_steps=int(s.get("graph_steps", 300)),
+                                      routerdc_steps=int(s.get("routerdc_steps", 300))),
                    verbose=verbose)

@@ -36,7 +36,7 @@ def test_routerdc_losses_match_loop_reference():
                 llm=rng.normal(size=(m, 3)).astype(np.float32))
   x = rng.normal(size=(n, d)).astype(np.float32)
   u = rng.uniform(size=(n, m)).astype(np.float32)
-  task = np.array([0, 0, 0, 1, 1, 2])
+  task = np.array([0, 0, 1, 1, 2, 2])   # pairs: each query's same-task partner is fixed
   _, met = routerdc.dual_contrastive_loss(params, x, u, task, jax.random.PRNGKey(3), tau=tau,
                                           sample_weight=1.0)
   s = np.asarray(routerdc.scores(params, x)) / tau
@@ -46,8 +46,14 @@ def test_routerdc_losses_match_loop_reference():
     pos, neg = s[i, order[0]], s[i, order[m - m // 2:]]
     ref.append(-np.log(np.exp(pos) / (np.exp(pos) + np.exp(neg).sum())))
   np.testing.assert_allclose(float(met["sample_llm"]), np.mean(ref), rtol=1e-5)
-  # Sample-sample: query 5 is alone in its task, so its positive is itself; check its bound.
-  assert float(met["sample_sample"]) > 0
+  h = np.asarray(regressors.mlp_apply(params["encoder"], x))
+  h = h / np.linalg.norm(h, axis=1, keepdims=True)
+  z = h @ h.T / tau
+  ref = []
+  for i in range(n):
+    p = z[i, i ^ 1]
+    ref.append(-np.log(np.exp(p) / (np.exp(p) + np.exp(z[i, task != task[i]]).sum())))
+  np.testing.assert_allclose(float(met["sample_sample"]), np.mean(ref), rtol=1e-4)
 
 
 def constructed_data(n=120, seed=0):

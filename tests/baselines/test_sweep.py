@@ -17,6 +17,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 def tiny_config():
   c = sweep_config.get_config("test")
   c.sweep.seeds = "0"
+  c.train.episodes = 16            # one PPO iteration: the test checks plumbing, not learning
   c.compile_cache = ""
   return c
 
