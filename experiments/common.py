@@ -2,12 +2,15 @@
 import functools
 import sys
 
+from absl import logging
+
 from gp_jax import errors
 
 
 def user_errors_exit_2(main):
   @functools.wraps(main)
   def wrapped(argv):
+    logging.set_verbosity(logging.WARNING)   # keep library INFO chatter (orbax) off the console
     try:
       return main(argv)
     except errors.GpJaxError as e:

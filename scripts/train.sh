@@ -18,7 +18,7 @@ for pid in "${pids[@]}"; do wait "$pid" || status=$?; done
 for alpha in 0.0 0.5; do
   echo "== alpha = $alpha (log: runs/alpha$alpha.log) =="
   # Progress lines use carriage returns; show the summary the runner printed at the end.
-  tr '\r' '\n' <"runs/alpha$alpha.log" | grep -v '^\[' | grep -v '^\s*$' | tail -25
+  tr '\r' '\n' <"runs/alpha$alpha.log" | grep -Ev '^\[|^[IWE][0-9]{4} |^\s*$' | tail -25
 done
 echo "total wall time: $(( $(date +%s) - start ))s"
 exit $status
