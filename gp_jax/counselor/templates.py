@@ -78,6 +78,36 @@ class Template:
   build: Build
 
 
+def _common_count(g, a: str, b: str, via: str, question: str, *, check_size: bool = True):
+  """'How many <via> neighbours do a and b share?': count of the intersection, two Neighbor calls."""
+  la, lb = g.nb(a, via), g.nb(b, via)
+  if check_size and not g.small(la, lb):
+    return None
+  na, nb = g.name(a), g.name(b)
+  return (question.format(a=na, b=nb),
+          plans.apply_op("count", plans.apply_op("intersect", la, lb)),
+          _plan([_act(f"Neighbor[Retrieve[{q(na)}], {via}]"),
+                 _act(f"Neighbor[Retrieve[{q(nb)}], {via}]")],
+                OP("count", OP("intersect", O(1), O(2)))))
+
+
+def _argmax_via(g, node: str, via: str, feature: str, name_feature: str, question: str):
+  """'Which <via> neighbour of node has the largest <feature>?' (None when tied or too large)."""
+  items = g.nb(node, via)
+  if len(items) < 2 or not g.small(items):
+    return None
+  try:
+    best = plans.apply_op("argmax", items, [g.feat(i, feature) for i in items])
+  except plans.PlanError:
+    return None
+  n = g.name(node)
+  return (question.format(n=n), g.name(best),
+          _plan([_act(f"Neighbor[Retrieve[{q(n)}], {via}]"),
+                 _act(f"Feature[Neighbor[Retrieve[{q(n)}], {via}], {feature}]"),
+                 _let("p", OP("argmax", O(1), O(2))),
+                 _act(f"Feature[{{p}}, {name_feature}]")], O(3)))
+
+
 def _two(r: np.random.Generator, xs: list[str]) -> tuple[str, str]:
   i, j = r.choice(len(xs), 2, replace=False)
   return xs[int(i)], xs[int(j)]
@@ -140,31 +170,12 @@ def _a_common_papers(g, p, r):
   if len(authors) < 2:
     return None
   a, b = _two(r, authors)
-  pa, pb = g.nb(a, "paper"), g.nb(b, "paper")
-  if not g.small(pa, pb):
-    return None
-  na, nb = g.name(a), g.name(b)
-  return (f"How many papers have {na} and {nb} written together?",
-          plans.apply_op("count", plans.apply_op("intersect", pa, pb)),
-          _plan([_act(f"Neighbor[Retrieve[{q(na)}], paper]"),
-                 _act(f"Neighbor[Retrieve[{q(nb)}], paper]")],
-                OP("count", OP("intersect", O(1), O(2)))))
+  return _common_count(g, a, b, "paper", "How many papers have {a} and {b} written together?")
 
 
 def _a_most_cited(g, a, r):
-  papers = g.nb(a, "paper")
-  if len(papers) < 2 or not g.small(papers):
-    return None
-  try:
-    best = plans.apply_op("argmax", papers, [g.feat(p, "citations") for p in papers])
-  except plans.PlanError:
-    return None
-  n = g.name(a)
-  return (f"Which paper written by {n} has the most citations?", g.name(best),
-          _plan([_act(f"Neighbor[Retrieve[{q(n)}], paper]"),
-                 _act(f"Feature[Neighbor[Retrieve[{q(n)}], paper], citations]"),
-                 _let("p", OP("argmax", O(1), O(2))),
-                 _act("Feature[{p}, title]")], O(3)))
+  return _argmax_via(g, a, "paper", "citations", "title",
+                     "Which paper written by {n} has the most citations?")
 
 
 def _a_total_citations(g, a, r):
@@ -257,31 +268,13 @@ def _e_common_bought(g, c, r):
   if len(bought) < 2:
     return None
   a, b = _two(r, bought)
-  la, lb = g.nb(a, "also_bought"), g.nb(b, "also_bought")
-  if not g.small(la, lb):
-    return None
-  ta, tb = g.name(a), g.name(b)
-  return (f'How many items are frequently bought together with both "{ta}" and "{tb}"?',
-          plans.apply_op("count", plans.apply_op("intersect", la, lb)),
-          _plan([_act(f"Neighbor[Retrieve[{q(ta)}], also_bought]"),
-                 _act(f"Neighbor[Retrieve[{q(tb)}], also_bought]")],
-                OP("count", OP("intersect", O(1), O(2)))))
+  return _common_count(g, a, b, "also_bought",
+                       'How many items are frequently bought together with both "{a}" and "{b}"?')
 
 
 def _e_priciest(g, b, r):
-  items = g.nb(b, "item")
-  if len(items) < 2 or not g.small(items):
-    return None
-  try:
-    best = plans.apply_op("argmax", items, [g.feat(i, "price") for i in items])
-  except plans.PlanError:
-    return None
-  n = g.name(b)
-  return (f"Which item of the brand {n} is the most expensive?", g.name(best),
-          _plan([_act(f"Neighbor[Retrieve[{q(n)}], item]"),
-                 _act(f"Feature[Neighbor[Retrieve[{q(n)}], item], price]"),
-                 _let("p", OP("argmax", O(1), O(2))),
-                 _act("Feature[{p}, title]")], O(3)))
+  return _argmax_via(g, b, "item", "price", "title",
+                     "Which item of the brand {n} is the most expensive?")
 
 
 def _e_bought_categories(g, i, r):
@@ -361,28 +354,13 @@ def _b_shared_genes(g, x, r):
   if len(binders) < 2:
     return None
   a, b = _two(r, binders)
-  na, nb = g.name(a), g.name(b)
-  return (f"How many genes are bound by both {na} and {nb}?",
-          plans.apply_op("count", plans.apply_op("intersect", g.nb(a, "binds"), g.nb(b, "binds"))),
-          _plan([_act(f"Neighbor[Retrieve[{q(na)}], binds]"),
-                 _act(f"Neighbor[Retrieve[{q(nb)}], binds]")],
-                OP("count", OP("intersect", O(1), O(2)))))
+  return _common_count(g, a, b, "binds", "How many genes are bound by both {a} and {b}?",
+                       check_size=False)
 
 
 def _b_heaviest(g, d, r):
-  drugs = g.nb(d, "treated_by")
-  if len(drugs) < 2 or not g.small(drugs):
-    return None
-  try:
-    best = plans.apply_op("argmax", drugs, [g.feat(c, "molecular_weight") for c in drugs])
-  except plans.PlanError:
-    return None
-  n = g.name(d)
-  return (f"Which of the compounds that treat {n} has the highest molecular weight?", g.name(best),
-          _plan([_act(f"Neighbor[Retrieve[{q(n)}], treated_by]"),
-                 _act(f"Feature[Neighbor[Retrieve[{q(n)}], treated_by], molecular_weight]"),
-                 _let("p", OP("argmax", O(1), O(2))),
-                 _act("Feature[{p}, name]")], O(3)))
+  return _argmax_via(g, d, "treated_by", "molecular_weight", "name",
+                     "Which of the compounds that treat {n} has the highest molecular weight?")
 
 
 def _b_avg_weight(g, d, r):
