@@ -154,16 +154,8 @@ class GraphRouter(single_round.PredictiveRouter):
       per = optax.sigmoid_binary_cross_entropy(out[..., 0], u) + (out[..., 1] - cz) ** 2
       return jnp.sum(per * w) / (jnp.sum(w) * layout.M + 1e-6)
 
-    def run(p, s, keys, arr, u, cz):
-      def step(carry, k):
-        p, s = carry
-        l, g = jax.value_and_grad(loss)(p, k, arr, u, cz)
-        upd, s = opt.update(g, s, p)
-        return (optax.apply_updates(p, upd), s), l
-      return jax.lax.scan(step, (p, s), keys)
-
     keys = jax.random.split(jax.random.fold_in(key, 1), self.steps)
-    (self.params, _), losses = jax.jit(run)(params, opt.init(params), keys, arr, u, cz)
+    self.params, losses = regressors.train_full_batch(loss, params, opt, keys, arr, u, cz)
     self.final_loss = float(losses[-1])
     return self
 

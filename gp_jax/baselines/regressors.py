@@ -127,20 +127,29 @@ def fit_net(x: np.ndarray, utility: np.ndarray, cost: np.ndarray, *, hidden: tup
   m = utility.shape[1]
   params = init_mlp(jax.random.PRNGKey(seed), [x.shape[1], *hidden, 2 * m])
   opt = optax.adam(learning_rate)
-  params, loss = _train(params, opt.init(params), xs, u, ct, opt=opt, steps=int(steps),
+  params, loss = _train(params, xs, u, ct, opt=opt, steps=int(steps),
                         weight_decay=float(weight_decay))
   return FittedNet(params, scale, m, float(loss))
 
 
-def _train(params, opt_state, x, u, c, *, opt, steps: int, weight_decay: float):
-  grad = jax.value_and_grad(lambda p: loss_fn(p, x, u, c, weight_decay=weight_decay)[0])
+def train_full_batch(loss, params, opt: optax.GradientTransformation, keys, *args):
+  """One `opt` step on loss(params, key, *args) per entry of `keys`, all in one jitted scan.
 
-  def step(carry, _):
-    p, s = carry
-    loss, g = grad(p)
-    upd, s = opt.update(g, s, p)
-    return (optax.apply_updates(p, upd), s), loss
+  Returns (params, losses [len(keys)]). Shared by the baselines' full-batch trainers.
+  """
+  def run(p, s, keys, *args):
+    def step(carry, k):
+      p, s = carry
+      l, g = jax.value_and_grad(loss)(p, k, *args)
+      upd, s = opt.update(g, s, p)
+      return (optax.apply_updates(p, upd), s), l
+    return jax.lax.scan(step, (p, s), keys)
 
-  (params, _), losses = jax.jit(lambda p, s: jax.lax.scan(step, (p, s), None, length=steps))(
-      params, opt_state)
+  (params, _), losses = jax.jit(run)(params, opt.init(params), keys, *args)
+  return params, losses
+
+
+def _train(params, x, u, c, *, opt, steps: int, weight_decay: float):
+  loss = lambda p, _k, x, u, c: loss_fn(p, x, u, c, weight_decay=weight_decay)[0]
+  params, losses = train_full_batch(loss, params, opt, jnp.zeros(steps), x, u, c)
   return params, losses[-1]

@@ -88,16 +88,8 @@ class RouterDC(single_round.PredictiveRouter):
     loss = lambda p, k, x, u, task: dual_contrastive_loss(
         p, x, u, task, k, tau=self.tau, sample_weight=self.sample_weight)[0]
 
-    def run(p, s, keys, x, u, task):
-      def step(carry, k):
-        p, s = carry
-        l, g = jax.value_and_grad(loss)(p, k, x, u, task)
-        upd, s = opt.update(g, s, p)
-        return (optax.apply_updates(p, upd), s), l
-      return jax.lax.scan(step, (p, s), keys)
-
-    (self.params, _), losses = jax.jit(run)(params, opt.init(params),
-                                            jax.random.split(k_run, self.steps), x, u, task)
+    self.params, losses = regressors.train_full_batch(
+        loss, params, opt, jax.random.split(k_run, self.steps), x, u, task)
     self.final_loss = float(losses[-1])
     s = np.asarray(scores(self.params, x))
     # Per-LLM line utility ~ a * s + b (least squares) turns similarities into utilities.
