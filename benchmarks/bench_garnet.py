@@ -100,7 +100,7 @@ def main(argv):
     u = timed(one_update, _REPEATS.value)
     compiles = (r1._act._cache_size() + r64._act._cache_size(),
                 r1._rows_all._cache_size() + r64._rows_all._cache_size(), upd._cache_size())
-    print(f"{n:>8} {history_lib.bucket(n):>8} {d1 * 1e3:>10.3f} {d64 * 1e3 / 64:>15.4f} "
+    print(f"{n:>8} {hist.padded()[0].shape[0]:>8} {d1 * 1e3:>10.3f} {d64 * 1e3 / 64:>15.4f} "
           f"{refresh:>9.3f} {u:>10.3f} {rss_gib():>8.2f} {str(compiles):>24}")
     sys.stdout.flush()
 

@@ -41,9 +41,24 @@ class System:
 
   sampling: base.SamplingParams = base.SamplingParams()
 
-  def env(self, alpha: float) -> env_lib.WorkflowEnv:
+  def env(self, alpha: float, reward: str = "sampled") -> env_lib.WorkflowEnv:
+    """The routing environment. reward: "sampled" (the scored final answer) or "expected"
+    (simulator only: E[U | the calls made], the same objective in expectation with less noise) or
+    "auto" (expected on the simulator, sampled otherwise)."""
+    if reward not in ("sampled", "expected", "auto"):
+      raise errors.ConfigError(f"reward must be 'sampled', 'expected' or 'auto', got {reward!r}")
+    if reward == "auto":
+      reward = "expected" if self.world is not None else "sampled"
+    expected = None
+    if reward == "expected":
+      if self.world is None:
+        raise errors.ConfigError("reward 'expected' needs the simulator backend (real answers "
+                                 "have no known success probability); use 'sampled'")
+      world = self.world
+      expected = lambda state: sim.expected_utility(world, state)
     return env_lib.WorkflowEnv(self.space, self.mdp_cfg, self.pool, alpha=alpha,
-                               describe=self.describe, scorer=self.scorer, sampling=self.sampling)
+                               describe=self.describe, scorer=self.scorer, sampling=self.sampling,
+                               expected_utility=expected)
 
 
 def _names(value: str, field: str) -> list[str]:

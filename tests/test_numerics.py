@@ -112,8 +112,12 @@ class HistorySumsTest(chex.TestCase):
     assert mem.evict() == 2 and len(mem) == 4
     np.testing.assert_array_equal(mem.hubs, [2, 0, 1, 2])
     rows, hubs = mem.padded()
-    assert rows.shape[0] == history_lib.bucket(4) and (hubs[4:] == 3).all()
-    assert history_lib.bucket(513) == history_lib.MIN_BUCKET * history_lib.GROWTH
+    assert rows.shape[0] == history_lib.bucket(4, 4) == history_lib.ALIGN and (hubs[4:] == 3).all()
+    B, G = history_lib.MIN_BUCKET, history_lib.GROWTH
+    assert history_lib.bucket(B + 1) == B * G
+    assert history_lib.bucket(B * G + 1, limit=B * G + 100) == B * G + history_lib.ALIGN  # cut at the limit
+    assert history_lib.bucket(B * G + 1, limit=B * G) == B * G * G     # past the limit: geometric
+    assert history_lib.bucket(10, limit=10 * B) == B
 
 
 def test_garnet_layer_scatter_mean_and_add_back():

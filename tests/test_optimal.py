@@ -1,6 +1,7 @@
 """The simulator's DP optimum against brute-force enumeration, and the oracle in the real env."""
 import asyncio
 import copy
+import dataclasses
 
 import numpy as np
 import pytest
@@ -93,3 +94,40 @@ def test_simulated_utility_matches_expected_in_mean(tiny_world):
     us.append(env.utility(st, q))
     expected = sim.expected_utility(tiny_world["world"], st)
   assert np.mean(us) == pytest.approx(expected, abs=4 * np.sqrt(expected * (1 - expected) / 400) + 1e-3)
+
+
+def test_expected_reward_env_sums_to_expected_return(tiny_world):
+  """With expected_utility, an episode's rewards add up to E[U | calls] - alpha * cost exactly."""
+  cfg = mdp.MDPConfig()
+  env, solver = make(tiny_world, ["planner", "executor", "summarizer"], cfg, 0.5)
+  world = tiny_world["world"]
+  env_e = env_lib.WorkflowEnv(env.space, cfg, env.pool, alpha=0.5, describe=system_lib.sim_describe,
+                              scorer=sim.sim_score,
+                              expected_utility=lambda s: sim.expected_utility(world, s))
+  oracle = optimal.OraclePolicy(solver)
+  for q in world.sample_queries(4, seed=6, split="er"):
+    state, total = env_e.reset(q), 0.0
+
+    async def run():
+      nonlocal total
+      while not state.done:
+        total += (await env_e.step(state, q, oracle.act(q, state), seed=1)).reward
+    asyncio.run(run())
+    assert total == pytest.approx(solver.value(q), abs=1e-9)
+    assert env_e.reward_utility(state, q) == pytest.approx(sim.expected_utility(world, state))
+    assert env_e.utility(state, q) in (0.0, 1.0)   # the scored answer is still available
+
+
+def test_reward_mode_validation():
+  from experiments.configs import test as test_config
+  from gp_jax import errors
+  c = test_config.get_config()
+  system = system_lib.build(c)
+  assert system.env(0.1, reward="auto").expected_utility is not None   # simulator: expected
+  assert system.env(0.1).expected_utility is None                      # default: sampled
+  with pytest.raises(errors.ConfigError, match="reward must be"):
+    system.env(0.1, reward="mean")
+  no_world = dataclasses.replace(system, world=None)
+  assert no_world.env(0.1, reward="auto").expected_utility is None
+  with pytest.raises(errors.ConfigError, match="needs the simulator"):
+    no_world.env(0.1, reward="expected")

@@ -69,6 +69,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.episodes = 12000         # training episodes
   c.train.episodes_per_iter = 64   # episodes per PPO update
   c.train.parallel = 64            # episodes in flight
+  c.train.reward = "auto"          # terminal utility: "sampled" (the scored answer), "expected"
+                                   # (E[U | calls], simulator only: less noise), "auto" = expected
+                                   # on the simulator, sampled otherwise
   c.train.checkpoint_every = 5     # iterations between 'latest' checkpoints
 
   c.eval = ml_collections.ConfigDict()

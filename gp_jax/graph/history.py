@@ -7,7 +7,8 @@ snapshot: `update_inputs` cuts the rows into chunks at the transitions' snapshot
 encodes all rows once per minibatch, sums them per (chunk, hub) and takes prefix sums over chunks
 (encode the history once per minibatch, not once per transition).
 Decisions use per-hub sums kept incrementally while the parameters stay fixed.
-Array shapes are padded to power-of-two buckets so jitted code compiles once per bucket.
+Array shapes are padded to buckets (MIN_BUCKET * 2**j rows, the last one cut at capacity +
+headroom) so jitted code compiles once per bucket and never pads more than 2x.
 """
 from __future__ import annotations
 
@@ -17,26 +18,32 @@ import numpy as np
 
 from gp_jax import errors
 
-MIN_BUCKET = 512
-GROWTH = 4
+MIN_BUCKET = 4096
+GROWTH = 2
+ALIGN = 512
 
 
-def bucket(n: int) -> int:
-  """Padded row count: MIN_BUCKET * GROWTH**j >= n (few sizes, so few compilations)."""
+def bucket(n: int, limit: int | None = None) -> int:
+  """Padded row count: the smallest MIN_BUCKET * GROWTH**j >= n, or `limit` rounded up to ALIGN
+  when that is smaller and still >= n (the memory never holds more than limit rows)."""
   b = MIN_BUCKET
   while b < n:
     b *= GROWTH
+  if limit is not None and n <= limit:
+    b = min(b, max(ALIGN, -(-limit // ALIGN) * ALIGN))
   return b
 
 
 @dataclasses.dataclass
 class HistoryMemory:
-  """Rows [n, F], their hub (action) ids [n]; capacity bounds what is kept between iterations."""
+  """Rows [n, F], their hub (action) ids [n]; capacity bounds what is kept between iterations,
+  headroom what one iteration may add on top of it (it sets the largest padded size)."""
   row_dim: int
   num_hubs: int
   capacity: int
   rows: np.ndarray = None
   hubs: np.ndarray = None
+  headroom: int = 0
 
   def __post_init__(self):
     if self.capacity < 0:
@@ -66,7 +73,7 @@ class HistoryMemory:
 
   def padded(self) -> tuple[np.ndarray, np.ndarray]:
     """Rows and hubs padded to the bucket size; padding rows have hub id num_hubs."""
-    n = bucket(len(self.rows))
+    n = bucket(len(self.rows), self.capacity + self.headroom)
     rows = np.zeros((n, self.row_dim), np.float32)
     rows[:len(self.rows)] = self.rows
     hubs = np.full(n, self.num_hubs, np.int32)

@@ -171,7 +171,7 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
       ep.values.append(float(values[j])); ep.rewards.append(res.reward); ep.snapshots.append(snap)
       ep.rows = np.concatenate([ep.rows, featurizer.memory_rows([res.call], None)])
       if res.done:
-        ep.utility = env.utility(ep.state, ep.query)
+        ep.utility = env.reward_utility(ep.state, ep.query)
         if grow_history and history is not None:
           new_rows.append(featurizer.memory_rows(ep.state.calls, ep.utility))
           new_hubs.append(np.array([c.action for c in ep.state.calls], np.int32))

@@ -162,7 +162,7 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   sysm = system or system_lib.build(config)
-  env = sysm.env(float(config.alpha))
+  env = sysm.env(float(config.alpha), reward=config.train.get("reward", "sampled"))
   model = make_model(config)
   p = config.ppo
   optimizer = ppo.make_optimizer(learning_rate=p.learning_rate, value_lr_multiplier=p.value_lr_multiplier,
@@ -177,7 +177,8 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
                               num_chunks=batch_size + 1)
   transductive = config.model.history == "transductive"
   history = history_lib.HistoryMemory(sysm.featurizer.spec.row_dim, sysm.space.size,
-                                      capacity=int(config.model.history_capacity))
+                                      capacity=int(config.model.history_capacity),
+                                      headroom=batch_size)
   ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints")
   meta = dict(iteration=-1, episodes=0, running_reward=None, best_running=-math.inf,
               best_iteration=-1, stopped_early=False)

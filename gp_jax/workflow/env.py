@@ -20,6 +20,7 @@ from gp_jax.workflow import reward as reward_lib
 
 Describe = Callable[[Query], tuple[str, str]]          # query -> (task description, answer format)
 Scorer = Callable[[str | None, Query], float]           # (final answer, query) -> utility in [0, 1]
+ExpectedUtility = Callable[[mdp.WorkflowState], float]  # finished state -> E[utility | its calls]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -34,7 +35,10 @@ class WorkflowEnv:
 
   def __init__(self, space: mdp.ActionSpace, cfg: mdp.MDPConfig, pool: base.LLMPool, *,
                alpha: float, describe: Describe, scorer: Scorer,
-               sampling: base.SamplingParams = base.SamplingParams()):
+               sampling: base.SamplingParams = base.SamplingParams(),
+               expected_utility: ExpectedUtility | None = None):
+    """expected_utility: when given (simulator only), the terminal reward uses E[U | the calls made]
+    instead of the scored answer: the same objective in expectation, without the sampling noise."""
     cfg.validate()
     if alpha < 0:
       raise errors.ConfigError(f"alpha must be >= 0, got {alpha}")
@@ -42,6 +46,7 @@ class WorkflowEnv:
       pool.catalog[m]
     self.space, self.cfg, self.pool = space, cfg, pool
     self.alpha, self.describe, self.scorer, self.sampling = alpha, describe, scorer, sampling
+    self.expected_utility = expected_utility
 
   def reset(self, query: Query) -> mdp.WorkflowState:
     return mdp.new_state(query.query)
@@ -69,7 +74,7 @@ class WorkflowEnv:
     mdp.apply(state, call, self.cfg)
     r = reward_lib.step_reward(out.cost_usd, self.alpha)
     if state.done:
-      r += self.utility(state, query)
+      r += self.reward_utility(state, query)
     return StepResult(reward=r, done=state.done, call=call)
 
   def utility(self, state: mdp.WorkflowState, query: Query) -> float:
@@ -77,6 +82,12 @@ class WorkflowEnv:
     if not 0.0 <= u <= 1.0:
       raise ValueError(f"scorer returned {u} outside [0, 1] for {query.qid}")
     return u
+
+  def reward_utility(self, state: mdp.WorkflowState, query: Query) -> float:
+    """The utility the terminal reward (and the history memory) uses."""
+    if self.expected_utility is None:
+      return self.utility(state, query)
+    return float(self.expected_utility(state)) if state.final_answer is not None else 0.0
 
   def cost_units(self, state: mdp.WorkflowState) -> float:
     return reward_lib.cost_units(sum(c.cost_usd for c in state.calls))
