@@ -36,7 +36,7 @@ _FIELD = re.compile(r"^(Question|Reference answer|Predicted answer|Proposed answ
                     re.MULTILINE)
 
 
-def _read_pad(user: str) -> tuple[str, list[tuple[str, str]]]:
+def read_pad(user: str) -> tuple[str, list[tuple[str, str]]]:
   """(question, [(label, text), ...]) from a user message.
 
   Lines starting with '- ' continue the entry before them (multi-call observations); any other
@@ -106,7 +106,7 @@ class OraclePool(base.LLMPool):
       return "[Yes]" if ok else "[No]"
     if kind in (None, "answer"):
       return "unknown"
-    question, entries = _read_pad(user)
+    question, entries = read_pad(user)
     plan = self.plans.get(question)
     if plan is None:
       self.unknown_questions += 1
@@ -116,41 +116,77 @@ class OraclePool(base.LLMPool):
     move = self._next_move(plan, entries)
     if kind == "judge":
       proposed = next((v for k, v in _FIELD.findall(user) if k == "Proposed answer"), "")
-      good = move[0] == "finish" and interpreter.format_answer(move[1]) == proposed.strip()
-      return "Judgment: [Yes]" if good else "Judgment: [No] the answer does not follow the steps."
+      return judge_text(judge_is_yes(move, proposed))
     if kind == "reflect":
-      return ("Recap: the attempt did not reach the right answer. Improved strategy: run the plan's "
-              "graph calls one at a time and derive the answer from their observations.")
-    if move[0] == "error":
-      return {"plan": "The steps so far do not follow the plan; give up.",
-              "thought": "I cannot continue.", "action": "Finish[unknown]"}[kind]
-    if move[0] == "act":
-      return {"plan": f"Next, call {move[1]} to get the missing information.",
-              "thought": f"The next action is {move[1]}.", "action": move[1]}[kind]
-    answer = interpreter.format_answer(move[1])
-    return {"plan": "The observations answer the question; give the answer now.",
-            "thought": f"The observations give the answer {answer}.",
-            "action": f"Finish[{plans.quote(answer)}]"}[kind]
+      return REFLECTION
+    return move_text(kind, move)
 
   @staticmethod
   def _next_move(plan: dict, entries: list[tuple[str, str]]) -> tuple[str, object]:
-    """Replays the scratchpad: each (Action, Observation) pair must be the plan's next act."""
-    observed = []
-    action = None
-    for label, text in entries:
-      if label == "Action":
-        # Finish ends a trial; its observation echoes the answer and is no plan act.
-        action = None if text.strip().lower().startswith("finish[") else text.strip()
-      elif label == "Observation" and action is not None:
-        prefix = action + " = "
-        if not text.startswith(prefix):
-          return "error", f"unexpected observation {text[:80]!r}"
+    return replay(plan, entries)
+
+
+REFLECTION = ("Recap: the attempt did not reach the right answer. Improved strategy: run the plan's "
+              "graph calls one at a time and derive the answer from their observations.")
+
+
+def move_text(kind: str, move: tuple[str, object]) -> str:
+  """The oracle's line for a plan / thought / action agent given the plan's next move:
+  ('act', action text), ('finish', answer value) or ('error', reason)."""
+  if move[0] == "error":
+    return {"plan": "The steps so far do not follow the plan; give up.",
+            "thought": "I cannot continue.", "action": "Finish[unknown]"}[kind]
+  if move[0] == "act":
+    return {"plan": f"Next, call {move[1]} to get the missing information.",
+            "thought": f"The next action is {move[1]}.", "action": move[1]}[kind]
+  answer = interpreter.format_answer(move[1])
+  return {"plan": "The observations answer the question; give the answer now.",
+          "thought": f"The observations give the answer {answer}.",
+          "action": f"Finish[{plans.quote(answer)}]"}[kind]
+
+
+def judge_is_yes(move: tuple[str, object], proposed: str) -> bool:
+  """The oracle's verdict: the plan is complete and the proposed answer is the one it derives."""
+  return move[0] == "finish" and interpreter.format_answer(move[1]) == proposed.strip()
+
+
+def judge_text(yes: bool) -> str:
+  return "Judgment: [Yes]" if yes else "Judgment: [No] the answer does not follow the steps."
+
+
+def replay(plan: dict, entries: list[tuple[str, str]], *, skip_off_plan: bool = False
+           ) -> tuple[str, object]:
+  """The plan's next move after replaying the scratchpad's (Action, Observation) pairs.
+
+  Strict (default): every pair must be the plan's next act, else ('error', reason).
+  skip_off_plan: pairs whose action is not the plan's next act (or whose observation is not a
+  value) are ignored, as wasted steps; the simulated pool (sim_pool.py) recovers from them.
+  """
+  observed = []
+  action = None
+  for label, text in entries:
+    if label == "Action":
+      # Finish ends a trial; its observation echoes the answer and is no plan act.
+      action = None if text.strip().lower().startswith("finish[") else text.strip()
+    elif label == "Observation" and action is not None:
+      prefix = action + " = "
+      if skip_off_plan:
         try:
-          observed.append(json.loads(text[len(prefix):]))
-        except json.JSONDecodeError:
+          expected = plans.next_move(plan, observed)
+        except plans.PlanError as e:
+          return "error", str(e)
+        if expected != ("act", action) or not text.startswith(prefix):
+          action = None
+          continue
+      elif not text.startswith(prefix):
+        return "error", f"unexpected observation {text[:80]!r}"
+      try:
+        observed.append(json.loads(text[len(prefix):]))
+      except json.JSONDecodeError:
+        if not skip_off_plan:
           return "error", "unreadable observation"
-        action = None
-    try:
-      return plans.next_move(plan, observed)
-    except plans.PlanError as e:
-      return "error", str(e)
+      action = None
+  try:
+    return plans.next_move(plan, observed)
+  except plans.PlanError as e:
+    return "error", str(e)
