@@ -1,21 +1,32 @@
-"""Markdown report and accuracy-vs-cost plot of an alpha-sweep workdir.
+"""Markdown reports with figures.
 
-  python -m experiments.report --workdir=runs/sweep [--out=docs/sweep_report.md]
+  python -m experiments.report --root=runs --out=docs/report.md     every experiment under runs/
+  python -m experiments.report --workdir=runs/sweep [--out=...]     one alpha sweep only
+--root reads runs/sweep (alpha sweep), runs/studies/<study> (phases, unseen, ablations, roles) and
+runs/counselor_routed (routed Graph Counselor); PNG figures are written next to --out.
 """
 from absl import app
 from absl import flags
 
 from experiments import common
+from gp_jax import errors
 from gp_jax.baselines import report
+from gp_jax.studies import report as studies_report
 
-_WORKDIR = flags.DEFINE_string("workdir", "runs/sweep", "Sweep directory written by experiments.sweep.")
-_OUT = flags.DEFINE_string("out", "", "Report path ('' = <workdir>/report.md); the PNG goes next to it.")
+_ROOT = flags.DEFINE_string("root", "", "Runs directory holding sweep/, studies/, counselor_routed/.")
+_WORKDIR = flags.DEFINE_string("workdir", "", "One sweep directory written by experiments.sweep.")
+_OUT = flags.DEFINE_string("out", "", "Report path ('' = <root or workdir>/report.md).")
 
 
 @common.user_errors_exit_2
 def main(argv):
   del argv
-  path = report.write_report(_WORKDIR.value, _OUT.value or None)
+  if bool(_ROOT.value) == bool(_WORKDIR.value):
+    raise errors.ConfigError("give exactly one of --root (every experiment) or --workdir (a sweep)")
+  if _ROOT.value:
+    path = studies_report.write_full_report(_ROOT.value, _OUT.value or f"{_ROOT.value}/report.md")
+  else:
+    path = report.write_report(_WORKDIR.value, _OUT.value or None)
   print(f"wrote {path}")
 
 

@@ -1,0 +1,30 @@
+"""Study config (Phase 1 vs 2, unseen tasks/LLMs, ablations, new roles): GraphPlanner at CPU size.
+
+  --config=experiments/configs/study.py        CPU size (9 LLMs, 1000 train / 300 test queries)
+  --config=experiments/configs/study.py:test   CI size (3 LLMs, tiny; a study in about a minute)
+"""
+import ml_collections
+
+from experiments.configs import default
+from experiments.configs import test as test_config
+
+
+def get_config(arg: str = "") -> ml_collections.ConfigDict:
+  if arg not in ("", "test"):
+    raise ValueError(f"unknown study config variant {arg!r}; use '' or 'test'")
+  if arg == "test":
+    c = test_config.get_config()
+    c.train.episodes = 32
+  else:
+    c = default.get_config()
+    c.train.episodes = 6000        # half the main job's episodes per trained variant
+  c.eval.baselines = True
+  c.eval.optimum = True
+  c.study = ml_collections.ConfigDict()
+  c.study.seeds = "0,1" if arg == "" else "0"   # seeds (data, init, sampling)
+  c.study.routers = "knn,mlp,routerdc,graph" if arg == "" else "knn,mlp"   # unseen-task baselines
+  c.study.few_shot = 50            # episodes of the few-shot new-role variant
+  c.study.knn_k = 10               # single-round router settings (as in the sweep)
+  c.study.mlp_hidden = 64
+  c.study.router_steps = 500 if arg == "" else 100
+  return c

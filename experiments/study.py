@@ -1,0 +1,37 @@
+"""Runs one study (Phase 1 vs 2, unseen tasks/LLMs, ablations, new roles) into a workdir.
+
+  python -m experiments.study --study=phases --workdir=runs/studies/phases
+  python -m experiments.study --study=ablations --config=experiments/configs/study.py:test --workdir=/tmp/abl
+Rerunning skips finished (variant, seed) cells and resumes interrupted training. Studies:
+phases, unseen, ablations, roles (gp_jax/studies/definitions.py). Then: python -m experiments.report.
+"""
+from absl import app
+from absl import flags
+from ml_collections import config_flags
+
+from experiments import common
+from gp_jax.baselines import sweep as sweep_lib
+from gp_jax.studies import definitions
+from gp_jax.studies import runner
+
+_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/study.py", "Study config.")
+_STUDY = flags.DEFINE_string("study", None, "phases | unseen | ablations | roles", required=True)
+_WORKDIR = flags.DEFINE_string("workdir", None, "Study directory (default runs/studies/<study>).")
+
+
+@common.user_errors_exit_2
+def main(argv):
+  del argv
+  c = _CONFIG.value
+  variants = definitions.variants(_STUDY.value, c)
+  s = c.study
+  kwargs = dict(knn_k=int(s.knn_k), mlp_hidden=int(s.mlp_hidden), steps=int(s.router_steps))
+  workdir = _WORKDIR.value or f"runs/studies/{_STUDY.value}"
+  res = runner.StudyRunner(c, workdir, _STUDY.value, variants, router_kwargs=kwargs).run(
+      sweep_lib.parse_list(s.seeds, "study.seeds", int))
+  print(f"ran {len(res['ran'])} cells, skipped {len(res['skipped'])} finished ones, in "
+        f"{res['seconds']:.0f}s; report: python -m experiments.report")
+
+
+if __name__ == "__main__":
+  app.run(main)

@@ -1,0 +1,1 @@
+"""The paper's studies beyond the alpha sweep: variants, their runner and report."""
