@@ -46,4 +46,15 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sweep.graph_hidden = 32        # GNN width of the graph router
   c.sweep.graph_steps = 300        # full-batch Adam steps of the graph router
   c.sweep.routerdc_steps = 300     # full-batch Adam steps of RouterDC
+  # Multi-round routers (gp_jax/baselines/multi_round.py), rows "multi:<name>": knn (KNN-multiround
+  # decompose-route-merge, k = knn_k), llm (LLM-multiround; on the simulator an untrained heuristic
+  # stand-in for the prompted router), router_r1 (Router-R1-style MLP policy trained with PPO per
+  # cell; clip, epochs, minibatches, gamma, lambda, grad clip from config.ppo).
+  c.sweep.multi_routers = "knn,llm,router_r1"
+  c.sweep.router_llm = ""          # router LLM of llm and router_r1; "" = the pool's cheapest
+  c.sweep.r1_hidden = 64           # Router-R1 MLP width
+  c.sweep.r1_episodes = 1024 if arg == "" else 128   # Router-R1 PPO episodes per cell
+  c.sweep.r1_batch = 64 if arg == "" else 32         # episodes per PPO update
+  c.sweep.r1_learning_rate = 1e-3
+  c.sweep.r1_entropy_coef = 0.01
   return c

@@ -18,6 +18,7 @@ from gp_jax.baselines import sweep as sweep_lib
 
 OPTIMUM = "optimum (DP)"
 FIXED_LLM_PREFIX = "single:"
+MULTI_PREFIX = "multi:"       # multi-round routers (gp_jax/baselines/multi_round.py)
 
 
 def load_cells(workdir: str | pathlib.Path) -> list[dict]:
@@ -75,7 +76,8 @@ def _order(policies) -> list[str]:
 def markdown(agg: dict, cells: list[dict], plot_name: str | None) -> str:
   seeds = sorted({c["seed"] for c in cells})
   c0 = cells[0]
-  out = ["# Alpha sweep: GraphPlanner against single-round routers, single LLMs and the optimum", "",
+  out = ["# Alpha sweep: GraphPlanner against single- and multi-round routers, single LLMs and the "
+         "optimum", "",
          f"{len(cells)} cells: alphas {', '.join(f'{a:g}' for a in agg)}; seeds {seeds}; "
          f"{c0['n_train']} training and {c0['n_test']} test queries per seed; LLMs: "
          f"{', '.join(c0['llms'])}. Values are mean ± std over seeds (sample std).",
@@ -106,8 +108,9 @@ def markdown(agg: dict, cells: list[dict], plot_name: str | None) -> str:
     for name, counts in c.get("router_picks", {}).items():
       picks[(c["alpha"], name)].update(counts)
   if picks:
-    out += ["", "## LLMs chosen by the single-round routers (queries, summed over seeds)", "",
-            "| alpha | router | choices |", "|---|---|---|"]
+    out += ["", "## LLMs chosen by the routers (summed over seeds)", "",
+            "Single-round routers: queries per LLM. Multi-round routers (multi:*): LLM calls per "
+            "role:LLM.", "", "| alpha | router | choices |", "|---|---|---|"]
     for (a, name), cnt in sorted(picks.items()):
       out.append(f"| {a:g} | {name} | " + ", ".join(f"{k} {v}" for k, v in cnt.most_common()) + " |")
   return "\n".join(out) + "\n"
@@ -143,8 +146,9 @@ def plot(agg: dict, path: pathlib.Path) -> None:
       style = dict(color="tab:red", lw=2.2, marker="o", ms=7, label="GraphPlanner")
     else:
       label = "random (any role, any LLM)" if p == "random" else p
-      style = dict(color=palette[(2 * k + (2 * k) // len(palette)) % len(palette)], lw=1.2, marker=markers[k % len(markers)],
-                   ms=4, label=label, alpha=0.85)
+      style = dict(color=palette[(2 * k + (2 * k) // len(palette)) % len(palette)], lw=1.2,
+                   marker=markers[k % len(markers)], ms=4, label=label, alpha=0.85,
+                   ls="-." if p.startswith(MULTI_PREFIX) else "-")
       k += 1
     ax.errorbar(x, y, xerr=xe, yerr=ye, capsize=2, **style)
     if p in (OPTIMUM, "GraphPlanner"):
