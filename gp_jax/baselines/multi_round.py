@@ -62,7 +62,7 @@ from gp_jax.workflow import reward as reward_lib
 ROW_PREFIX = "multi:"
 
 
-# ---- shared pieces --------------------------------------------------------------------------------
+# ---- shared pieces -------------------------------------------------------------------------------
 
 def default_router_llm(catalog: catalog_lib.Catalog, llms: Sequence[str]) -> str:
   """The router LLM when none is configured: the cheapest LLM of the pool (first in pool order).
@@ -134,7 +134,9 @@ async def _lockstep(env: env_lib.WorkflowEnv, queries: list[Query], decide: Deci
 
 def _episode_utility(system, env: env_lib.WorkflowEnv, state: mdp.WorkflowState, q: Query) -> float:
   """E[U | calls] on the simulator, the realised score elsewhere (as the evaluation reports)."""
-  return sim.expected_utility(system.world, state) if system.world is not None else env.utility(state, q)
+  if system.world is None:
+    return env.utility(state, q)
+  return sim.expected_utility(system.world, state)
 
 
 class MultiRoundRouter:
@@ -157,7 +159,7 @@ class MultiRoundRouter:
     return aio.run(_lockstep(env, queries, decide, seed_base=seed * 100003))
 
 
-# ---- pipeline labels and the KNN-multiround router ------------------------------------------------
+# ---- pipeline labels and the KNN-multiround router -----------------------------------------------
 
 @dataclasses.dataclass(frozen=True)
 class SubQuestionLabels:
@@ -295,7 +297,7 @@ class KNNMultiRound(MultiRoundRouter):
     return act
 
 
-# ---- the LLM-multiround router --------------------------------------------------------------------
+# ---- the LLM-multiround router -------------------------------------------------------------------
 
 ROUTER_PROMPT = (
     "You route questions to language models. Candidates (name: description; price in $ per "
@@ -317,10 +319,10 @@ def heuristic_scores(x: np.ndarray, llm_x: np.ndarray, price_scale: np.ndarray,
                      alpha: float) -> np.ndarray:
   """Zero-shot stand-in of the prompted router on the simulator.
 
-  score[b, m] = cos(x_b, llm_x_m) - alpha * price_scale_m, with x [B, D] the sub-question embeddings,
-  llm_x [M, D] the embeddings of the LLMs' catalog descriptions and price_scale [M] = the LLM's mean
-  $/M-token price over the largest in the pool (in (0, 1]). Returns [B, M]; the router takes the
-  argmax (ties: pool order)."""
+  score[b, m] = cos(x_b, llm_x_m) - alpha * price_scale_m, with x [B, D] the sub-question
+  embeddings, llm_x [M, D] the embeddings of the LLMs' catalog descriptions and price_scale [M] =
+  the LLM's mean $/M-token price over the largest in the pool (in (0, 1]). Returns [B, M]; the
+  router takes the argmax (ties: pool order)."""
   return regressors._unit(x) @ regressors._unit(llm_x).T - alpha * price_scale[None, :]
 
 
@@ -350,8 +352,8 @@ class LLMMultiRound(MultiRoundRouter):
     self.llm_x = np.asarray(self.encoder.encode([s.description for s in specs]), np.float32)
     price = np.array([(s.price_in + s.price_out) / 2 for s in specs], np.float32)
     self.price_scale = price / price.max()
-    self.candidates = "\n".join(f"{s.name}: {s.description}; {s.price_in:g} in / {s.price_out:g} out"
-                                for s in specs)
+    self.candidates = "\n".join(
+        f"{s.name}: {s.description}; {s.price_in:g} in / {s.price_out:g} out" for s in specs)
     self.routing_calls, self.routing_cost_usd = 0, 0.0
     return self
 
@@ -378,8 +380,9 @@ class LLMMultiRound(MultiRoundRouter):
 
   def policy(self, alpha):
     if not self.simulated:
-      raise errors.ConfigError("the synchronous LLM-multiround policy is the simulator's heuristic; "
-                               "on real backends use run(), which prompts the router LLM")
+      raise errors.ConfigError("the synchronous LLM-multiround policy is the simulator's "
+                               "heuristic; on real backends use run(), which prompts the router "
+                               "LLM")
     cache: dict[str, str] = {}
 
     def act(query, state, mask, rng):
@@ -407,7 +410,7 @@ class LLMMultiRound(MultiRoundRouter):
     return aio.run(_lockstep(env, queries, decide, seed_base=seed * 100003))
 
 
-# ---- the Router-R1-style PPO router ----------------------------------------------------------------
+# ---- the Router-R1-style PPO router --------------------------------------------------------------
 
 class R1Net(nn.Module):
   """Policy and value MLPs over one observation [..., F]: logits [..., A] and value [...]."""
@@ -565,7 +568,8 @@ class RouterR1(MultiRoundRouter):
     if batch % ppo.num_minibatches:
       raise errors.ConfigError(f"router_r1 batch {batch} is not a multiple of "
                                f"num_minibatches {ppo.num_minibatches}")
-    self.router_llm_name, self.hidden, self.episodes, self.batch = router_llm, hidden, episodes, batch
+    self.router_llm_name, self.hidden = router_llm, hidden
+    self.episodes, self.batch = episodes, batch
     self.reward, self.hp = reward, ppo
 
   def fit(self, system, queries, *, seed):
@@ -603,9 +607,10 @@ class RouterR1(MultiRoundRouter):
     if len(queries) > self.batch:
       raise ValueError(f"{len(queries)} queries > batch {self.batch}")
     T, A = self.system.mdp_cfg.step_cap, self.system.space.size
-    tr = dict(obs=np.zeros((self.batch, T, self.obs_dim), np.float32),
-              mask=np.zeros((self.batch, T, A), bool), actions=np.zeros((self.batch, T), np.int32),
-              logp=np.zeros((self.batch, T), np.float32), values=np.zeros((self.batch, T), np.float32))
+    B = self.batch
+    tr = dict(obs=np.zeros((B, T, self.obs_dim), np.float32), mask=np.zeros((B, T, A), bool),
+              actions=np.zeros((B, T), np.int32), logp=np.zeros((B, T), np.float32),
+              values=np.zeros((B, T), np.float32))
     tr["mask"][:, :, 0] = True
     keys = iter(jax.random.split(key, T + 1))
 
@@ -674,7 +679,7 @@ class RouterR1(MultiRoundRouter):
     return out
 
 
-# ---- registry and evaluation ----------------------------------------------------------------------
+# ---- registry and evaluation ---------------------------------------------------------------------
 
 MULTI_ROUTERS: dict[str, Callable[..., MultiRoundRouter]] = {
     "knn": lambda *, knn_k=10, **kw: KNNMultiRound(k=knn_k),
@@ -703,7 +708,8 @@ def fit_multi_routers(names: list[str], system, queries: list[Query], *, seed: i
 
 def evaluate_multi(system, alpha: float, routers: dict[str, MultiRoundRouter],
                    queries: list[Query], *, seed: int = 0) -> tuple[list[Row], dict]:
-  """Rows 'multi:<name>' of each router on `queries`, and {row name: {"<role kind>:<llm>": calls}}."""
+  """Rows 'multi:<name>' of each router on `queries`, and
+  {row name: {"<role kind>:<llm>": number of calls}}."""
   env = system.env(alpha)
   rows, picks = [], {}
   for name, router in routers.items():

@@ -83,7 +83,8 @@ def run_cell(config, system, routers, alpha: float, seed: int, out: pathlib.Path
                 llms=list(system.space.llms), router_picks=picks,
                 train=dict(episodes=summary["episodes"], seconds=summary["train_seconds"],
                            best_running=summary["best_running"]),
-                multi_seconds=time.time() - t_multi, seconds=time.time() - t0, rows=[dataclasses.asdict(r) for r in rows])
+                multi_seconds=time.time() - t_multi, seconds=time.time() - t0,
+                rows=[dataclasses.asdict(r) for r in rows])
   tmp = out / (CELL_FILE + ".tmp")
   tmp.write_text(json.dumps(record, indent=1))
   tmp.replace(out / CELL_FILE)          # a cell is finished only once its file is whole
@@ -149,7 +150,7 @@ def run_sweep(config, workdir: str | pathlib.Path, *, alphas: list[float], seeds
 
 
 def _check_router_llm(config, name: str) -> None:
-  """A configured router LLM must be one of the sweep's LLMs (checked before anything is written)."""
+  """A configured router LLM must be one of the sweep's LLMs (checked before any write)."""
   if not name:
     return
   from gp_jax.llm import catalog as catalog_lib

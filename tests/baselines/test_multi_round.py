@@ -11,6 +11,7 @@ from gp_jax import errors
 from gp_jax import system as system_lib
 from gp_jax.baselines import multi_round as mr
 from gp_jax.baselines import sweep
+from gp_jax.llm import base
 from gp_jax.workflow import mdp
 from gp_jax.workflow import policies
 
@@ -60,7 +61,8 @@ def test_routers_take_valid_actions_and_finish(system, fitted, name):
     assert set(seen) <= {"planner", "executor", "summarizer"}
     # The batched runner takes the same decisions as the per-query policy.
     ran = router.run(system, alpha, system.test_queries, seed=0)
-    assert [[c.action for c in s.calls] for s in ran] == [[c.action for c in s.calls] for s in states]
+    actions = lambda sts: [[c.action for c in s.calls] for s in sts]
+    assert actions(ran) == actions(states)
     if name != "router_r1":      # decompose-route-merge: plan, execute each part, summarise, answer
       for s in states:
         kinds = [c.kind for c in s.calls]
@@ -128,7 +130,8 @@ def test_heuristic_prompt_router_ranks_as_documented(system, fitted):
   # A large alpha outweighs any cosine difference: the cheapest price scale wins.
   cheapest = [m for m in system.space.llms if router.price_scale[list(system.space.llms).index(m)]
               == router.price_scale.min()]
-  assert router.heuristic_route(system.catalog["llama3-chatqa-1.5-70b"].description, 50.0) == cheapest[0]
+  big = system.catalog["llama3-chatqa-1.5-70b"].description
+  assert router.heuristic_route(big, 50.0) == cheapest[0]
 
 
 def test_parse_model_choice():
@@ -139,6 +142,34 @@ def test_parse_model_choice():
   assert mr.parse_model_choice("gpt-4o would be best", names, "qwen2.5-7b-instruct") == \
       "qwen2.5-7b-instruct"
   assert mr.parse_model_choice("", names, "d") == "d"
+
+
+class RoutingReplies(base.LLMPool):
+  """Answers routing prompts with a fixed reply (a real backend's router LLM)."""
+
+  def __init__(self, catalog, reply):
+    super().__init__(catalog)
+    self.reply, self.prompts = reply, []
+
+  async def chat(self, model, messages, params=base.SamplingParams()):
+    self.prompts.append((model, messages[-1]["content"]))
+    return base.Completion(model, self.reply, 100, 5, self.catalog.cost_usd(model, 100, 5))
+
+
+@pytest.mark.parametrize("reply,want", [
+    ("Route it to llama3-chatqa-1.5-70b.", "llama3-chatqa-1.5-70b"),
+    ("no idea", "qwen2.5-7b-instruct")])             # a reply naming no LLM: the router LLM
+def test_prompted_router_on_a_real_backend_path(system, reply, want):
+  router = mr.make_multi_router("llm").fit(system, system.train_queries, seed=0)
+  router.simulated, router.pool = False, RoutingReplies(system.catalog, reply)
+  states = router.run(system, 0.3, system.test_queries, seed=0)
+  subs = [c for s in states for c in s.calls if c.kind == "executor" and c.node != 0]
+  assert subs and all(c.llm == want for c in subs)
+  assert router.routing_calls == len(subs) == len(router.pool.prompts)
+  model, prompt = router.pool.prompts[0]
+  assert model == "qwen2.5-7b-instruct" and "Cost weight: 0.3" in prompt
+  assert all(m in prompt for m in system.space.llms)
+  assert router.routing_cost_units == pytest.approx(len(subs) * 105 * 0.2 / 1e6 / 1e-3)
 
 
 def test_r1_mask_is_router_r1s_action_set(system):
