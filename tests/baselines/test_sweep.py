@@ -46,7 +46,8 @@ def test_sweep_writes_cells_and_resumes(swept):
     rows = {r["policy"]: r for r in rec["rows"] if r["domain"] == "all"}
     expected = {"GraphPlanner", "random", "optimum (DP)"} | {
         f"router:{n}" for n in tiny_config().sweep.routers.split(",")} | {
-        f"single:{m}" for m in rec["llms"]}
+        f"single:{m}" for m in rec["llms"]} | {
+        f"multi:{n}" for n in tiny_config().sweep.multi_routers.split(",")}
     assert set(rows) == expected
     assert all(r["n"] == rec["n_test"] for r in rows.values())
     for r in rows.values():   # nothing beats the exact optimum in expectation
