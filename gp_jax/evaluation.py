@@ -60,7 +60,10 @@ def summarize(name: str, system, env, queries: list[Query], states) -> list[Row]
 
 
 def run_router(system, env, model, params, history, queries, *, parallel: int, seed: int):
-  runner = rollout.PolicyRunner(model, system.featurizer.hub_features, parallel)
+  """Greedy router episodes' final states. history: the memory the router reads (transductive,
+  summary and retrieval modes; the model says which), None for inductive."""
+  runner = rollout.PolicyRunner(model, system.featurizer.hub_features, parallel,
+                                featurizer=system.featurizer)
   runner.set_params(params, history)
   eps = aio.run(rollout.run_episodes(
       env, system.featurizer, runner, queries, key=jax.random.PRNGKey(seed), greedy=True,

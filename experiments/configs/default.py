@@ -49,7 +49,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.num_layers = 2           # GARNet layers on the workflow graph
   c.model.mlp_hidden = 64          # state-fusion / value MLP width
   c.model.mem_proj = 128           # memory-row text projection width (0 = full text width)
-  c.model.history = "transductive"  # "transductive" (history of training episodes) or "inductive"
+  c.model.history = "transductive"  # "transductive" (history of training episodes), "inductive"
+                                   # (none), "summary" (per-hub text), "retrieval" (top-k rows)
+  c.model.encoder = "garnet"       # "garnet", "homogeneous", "gat", "transformer" (ablations.md)
+  c.model.retrieval_k = 5          # history rows retrieved per decision (history = "retrieval")
+  c.model.attention_heads = 4      # heads of the transformer encoder (must divide hidden)
   c.model.history_capacity = 100_000  # history rows kept (oldest evicted between iterations)
 
   c.ppo = ml_collections.ConfigDict()

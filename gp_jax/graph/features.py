@@ -8,6 +8,10 @@ Shapes (D = text embedding width, P = memory projection width, A = number of act
 Memory rows project the two text embeddings to P dims with a fixed random matrix (P = 0 keeps D):
 the history table can hold 1e5 rows, and GARNet's first layer costs rows x F x hidden per gradient
 step, so F sets the update time (see benchmarks/bench_garnet.py for both settings).
+History ablations (docs/ablations.md): `history_summary` writes one sentence per hub about its past
+calls and embeds it ([A, D]); `RetrievalIndex` gives each decision the k history rows whose
+input-state projection is most cosine-similar to the projected query embedding, as observation
+fields ret_rows [k, F], ret_hub [k] (A for padding), ret_valid [k].
 """
 from __future__ import annotations
 
@@ -62,6 +66,34 @@ class Featurizer:
   def _project(self, emb: np.ndarray) -> np.ndarray:
     return emb @ self.proj if self.proj is not None else emb
 
+  def project(self, emb: np.ndarray) -> np.ndarray:
+    """Text embeddings [..., D] -> the memory rows' projection [..., P]."""
+    return self._project(emb)
+
+  def history_summary(self, rows: np.ndarray, hubs: np.ndarray) -> tuple[list[str], np.ndarray]:
+    """The history memory as text: one sentence per (role, LLM) hub, and its embedding.
+
+    Args:
+      rows: [N, F] history rows (utility and cost at columns 2P and 2P + 1). hubs: [N] action ids.
+    Returns:
+      (A sentences, [A, D] float32 embeddings), e.g. "Executor with qwen2.5-7b-instruct: 412 past
+      calls, mean utility 0.61, mean cost 0.05 milli-dollars".
+    """
+    A, P = self.spec.num_actions, self.spec.mem_text_dim
+    hubs = np.asarray(hubs, np.int64)
+    rows = np.asarray(rows, np.float64).reshape(-1, self.spec.row_dim)
+    n = np.bincount(hubs, minlength=A)[:A]
+    u = np.bincount(hubs, weights=rows[:, 2 * P], minlength=A)[:A] / np.maximum(n, 1)
+    c = np.bincount(hubs, weights=rows[:, 2 * P + 1], minlength=A)[:A] / np.maximum(n, 1)
+    texts = []
+    for a in range(A):
+      role, llm = self.space.decode(a)
+      head = f"{role.name.capitalize()} with {llm}"
+      texts.append(f"{head}: no past calls" if n[a] == 0 else
+                   f"{head}: {n[a]} past call{'s' if n[a] != 1 else ''}, mean utility {u[a]:.2f}, "
+                   f"mean cost {c[a]:.3g} milli-dollars")
+    return texts, self.encoder.encode(texts).astype(np.float32)
+
   def memory_rows(self, calls: list[mdp.Call], utility: float | None) -> np.ndarray:
     """[len(calls), F] rows; utility None for the running workflow (not known yet)."""
     if not calls:
@@ -102,6 +134,64 @@ class Featurizer:
     valid[:n] = True
     return dict(task=task_emb, query=query_emb, state=self.state_vector(state, node_emb),
                 rows=padded, row_hub=hub, row_valid=valid, mask=mask.astype(bool))
+
+
+def top_k_cosine(unit_keys: np.ndarray, queries: np.ndarray, k: int) -> np.ndarray:
+  """Indices [Q, min(k, N)] of the rows of unit_keys [N, P] (L2-normalised) most cosine-similar
+  to each of queries [Q, P], most similar first (equal scores: lower index first)."""
+  queries = queries / np.maximum(np.linalg.norm(queries, axis=-1, keepdims=True), 1e-12)
+  sims = queries @ unit_keys.T                                    # [Q, N]
+  N = unit_keys.shape[0]
+  kk = min(k, N)
+  if kk == 0:
+    return np.zeros((len(queries), 0), np.int64)
+  if kk < N:
+    cand = np.argpartition(-sims, kk - 1, axis=1)[:, :kk]
+  else:
+    cand = np.tile(np.arange(N), (len(queries), 1))
+  out = np.empty((len(queries), kk), np.int64)
+  for i in range(len(queries)):
+    c = cand[i]
+    out[i] = c[np.lexsort((c, -sims[i, c]))]
+  return out
+
+
+class RetrievalIndex:
+  """k-nearest history rows by cosine of their input-state projection (columns 0..P-1) against
+  the projected query embedding. Sync it before each lookup; the history must only grow between
+  syncs (true within one rollout: rows are evicted between iterations only)."""
+
+  def __init__(self, featurizer: Featurizer, k: int):
+    self.featurizer, self.k = featurizer, k
+    P = featurizer.spec.mem_text_dim
+    self.unit = np.zeros((0, P), np.float32)
+    self.rows = np.zeros((0, featurizer.spec.row_dim), np.float32)
+    self.hubs = np.zeros((0,), np.int32)
+
+  def sync(self, rows: np.ndarray, hubs: np.ndarray) -> None:
+    n = len(self.rows)
+    if len(rows) < n:   # not an extension: rebuild
+      n, self.unit = 0, self.unit[:0]
+    new = rows[n:, :self.featurizer.spec.mem_text_dim]
+    unit = new / np.maximum(np.linalg.norm(new, axis=1, keepdims=True), 1e-12)
+    self.unit = np.concatenate([self.unit, unit.astype(np.float32)])
+    self.rows, self.hubs = rows, hubs
+
+  def fields(self, query_embs: np.ndarray) -> list[dict]:
+    """Per query embedding [D]: ret_rows [k, F], ret_hub [k], ret_valid [k] (best first)."""
+    k, F, A = self.k, self.featurizer.spec.row_dim, self.featurizer.spec.num_actions
+    idx = top_k_cosine(self.unit, self.featurizer.project(np.asarray(query_embs, np.float32)), k)
+    out = []
+    for ix in idx:
+      n = len(ix)
+      rows = np.zeros((k, F), np.float32)
+      rows[:n] = self.rows[ix]
+      hub = np.full(k, A, np.int32)
+      hub[:n] = self.hubs[ix]
+      valid = np.zeros(k, bool)
+      valid[:n] = True
+      out.append(dict(ret_rows=rows, ret_hub=hub, ret_valid=valid))
+    return out
 
 
 def stack(observations: list[dict], pad_to: int | None = None) -> dict:

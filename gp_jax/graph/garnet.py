@@ -1,4 +1,4 @@
-"""GARNet in jraph + flax linen: the policy and value networks of GraphPlanner.
+"""GARNet in jraph + flax linen: the policy and value networks of GraphPlanner, and its ablations.
 
 Tables: query nodes, role-hub nodes (one per (role, LLM) action) and memory rows (one per LLM call),
 each row linked to its query node (sender) and its role-LLM hub (receiver) -- a jraph GraphsTuple
@@ -16,6 +16,23 @@ replaces the hub features of the workflow graph (this episode's calls), encoded 
 `num_layers` layers into H [A, d].
 Policy: z = MLP([task ; query ; state]);  logits = z . H^T, invalid actions masked.
 Value: a separate encoder of the same inputs plus mean-pooled workflow rows and hub table.
+
+Ablations (docs/ablations.md), all behind the same methods so rollout and PPO code is shared:
+  encoder="homogeneous": one transform S for every table (query, hubs, rows; history rows and hubs
+    too): S(x) = ReLU(LayerNorm(W [x ; 0] + b)) with x zero-padded to `input_width` (computed as
+    x W[:width(x)], the same numbers without the padding), then layers with one shared T.
+  encoder="gat": workflow-graph layers weight the rows of each node by attention instead of the
+    mean: e_{v,r} = LeakyReLU(a^T [W h_v ; W h_r]), alpha = softmax of e over the rows of node v,
+    node_out = h_v + beta * sum_r alpha_{v,r} W h_r.
+  encoder="transformer": workflow-graph layers with multi-head scaled dot-product attention of each
+    node (queries) over its rows (keys, values), then node_out = LN(n + FFN(n)), n = LN(h_v + attn).
+  history_input="summary": the history input of each hub is the text embedding of a sentence
+    summarising its past calls: H_hist = T_hub(x_hub) + beta_h * T_sum(e_summary).
+  Retrieved rows (observation fields ret_rows [k, F], ret_hub [k], ret_valid [k]) join the
+    workflow rows when present (history mode "retrieval", with use_history=False).
+The history graph always aggregates with the mean: its per-hub sums must stay prefix-summable so
+that the PPO update can rebuild every decision's exact snapshot; attention over history rows would
+need each snapshot's softmax normaliser, which prefix sums of rows cannot give.
 """
 from __future__ import annotations
 
@@ -27,6 +44,8 @@ import jax.numpy as jnp
 import jraph
 
 NEG_INF = -1e9
+ENCODERS = ("garnet", "homogeneous", "gat", "transformer")
+HISTORY_INPUTS = ("sums", "summary")
 
 
 class TableTransform(nn.Module):
@@ -39,28 +58,106 @@ class TableTransform(nn.Module):
     return h + x if x.shape[-1] == self.features else h
 
 
+class SharedTransform(nn.Module):
+  """One input transform for tables of any width <= `width` (homogeneous ablation).
+
+  S(x) = ReLU(LayerNorm(W [x ; 0] + b)), W [width, features]: x zero-padded to `width`, computed
+  as x W[:width(x)] (identical numbers, no padded copy of large tables).
+  """
+  width: int
+  features: int
+
+  @nn.compact
+  def __call__(self, x):
+    w = x.shape[-1]
+    if w > self.width:
+      raise ValueError(f"table width {w} exceeds the shared input width {self.width}")
+    kernel = self.param("kernel", nn.initializers.lecun_normal(), (self.width, self.features))
+    bias = self.param("bias", nn.initializers.zeros, (self.features,))
+    return nn.relu(nn.LayerNorm()(x @ kernel[:w] + bias))
+
+
+def incoming(graph: jraph.GraphsTuple):
+  """Each row twice, once towards its hub and once towards its query node.
+
+  Returns (targets [2M] node index, source [2M] row index): every node's incoming rows are the
+  entries with its index in `targets` (hubs: rows of that action; the query node: all rows).
+  """
+  M = graph.edges.shape[0]
+  rows = jnp.arange(M)
+  return jnp.concatenate([graph.receivers, graph.senders]), jnp.concatenate([rows, rows])
+
+
 class GARNetLayer(nn.Module):
   """One heterogeneous message-passing layer over a single (unbatched) GraphsTuple.
 
   graph.nodes: [1 + A + 1, *] (query node, A hubs, one padding node), graph.edges: [M, F] rows,
   senders/receivers: [M] (padding rows point at the padding node).
+  aggregate: "mean" (GARNet), "gat" or "transformer" (ablations); shared: one transform for the
+  three tables (homogeneous ablation; the inputs must then have one width).
   """
   hidden: int
+  aggregate: str = "mean"
+  shared: bool = False
+  heads: int = 4
 
   @nn.compact
   def __call__(self, graph: jraph.GraphsTuple, num_hubs: int) -> jraph.GraphsTuple:
     beta = self.param("beta", nn.initializers.ones, ())
     n_nodes = num_hubs + 2
-    q = TableTransform(self.hidden, name="query")(graph.nodes[:1])
-    hubs = TableTransform(self.hidden, name="hub")(graph.nodes[1:1 + num_hubs])
+    if self.shared:
+      t = TableTransform(self.hidden, name="shared")
+      tq = th = tr = t
+    else:
+      tq = TableTransform(self.hidden, name="query")
+      th = TableTransform(self.hidden, name="hub")
+      tr = TableTransform(self.hidden, name="row")
+    q = tq(graph.nodes[:1])
+    hubs = th(graph.nodes[1:1 + num_hubs])
     nodes = jnp.concatenate([q, hubs, jnp.zeros((1, self.hidden), q.dtype)], 0)
-    rows = TableTransform(self.hidden, name="row")(graph.edges)
-    to_hub = jraph.segment_mean(rows, graph.receivers, n_nodes)
-    to_query = jraph.segment_mean(rows, graph.senders, n_nodes)
-    node_out = nodes + beta * (to_hub + to_query)
+    rows = tr(graph.edges)
+    if self.aggregate == "mean":
+      to_hub = jraph.segment_mean(rows, graph.receivers, n_nodes)
+      to_query = jraph.segment_mean(rows, graph.senders, n_nodes)
+      node_out = nodes + beta * (to_hub + to_query)
+    elif self.aggregate == "gat":
+      node_out = nodes + beta * self._gat(graph, nodes, rows, n_nodes)
+    elif self.aggregate == "transformer":
+      node_out = self._transformer(graph, nodes, rows, n_nodes)
+    else:
+      raise ValueError(f"unknown aggregate {self.aggregate!r}")
     row_out = rows + beta * (node_out[graph.senders] + node_out[graph.receivers])
     node_out = node_out.at[-1].set(0.0)
     return graph._replace(nodes=node_out, edges=row_out)
+
+  def _gat(self, graph, nodes, rows, n_nodes):
+    """sum_r alpha_{v,r} W h_r, alpha = segment softmax of LeakyReLU(a^T [W h_v ; W h_r])."""
+    w = nn.Dense(self.hidden, use_bias=False, name="gat_w")
+    a = self.param("gat_a", nn.initializers.lecun_normal(), (2 * self.hidden, 1))
+    g_nodes, g_rows = w(nodes), w(rows)
+    targets, source = incoming(graph)
+    score = (g_nodes @ a[:self.hidden])[targets, 0] + (g_rows @ a[self.hidden:])[source, 0]
+    alpha = jraph.segment_softmax(nn.leaky_relu(score, 0.2), targets, n_nodes)
+    self.sow("intermediates", "attention", alpha)
+    return jax.ops.segment_sum(alpha[:, None] * g_rows[source], targets, n_nodes)
+
+  def _transformer(self, graph, nodes, rows, n_nodes):
+    """LN(n + FFN(n)), n = LN(h_v + W_o MultiHead(q = h_v, k = v = rows of v))."""
+    H = self.heads
+    dh = self.hidden // H
+    q = nn.Dense(self.hidden, name="att_q")(nodes).reshape(-1, H, dh)
+    k = nn.Dense(self.hidden, name="att_k")(rows).reshape(-1, H, dh)
+    v = nn.Dense(self.hidden, name="att_v")(rows).reshape(-1, H, dh)
+    targets, source = incoming(graph)
+    score = jnp.sum(q[targets] * k[source], -1) / jnp.sqrt(float(dh))      # [2M, H]
+    alpha = jraph.segment_softmax(score, targets, n_nodes)
+    self.sow("intermediates", "attention", alpha)
+    att = jax.ops.segment_sum(alpha[..., None] * v[source], targets, n_nodes)
+    n = nn.LayerNorm(name="ln_att")(nodes + nn.Dense(self.hidden, name="att_o")(
+        att.reshape(-1, self.hidden)))
+    ffn = nn.relu(nn.Dense(2 * self.hidden, name="ffn_in")(n))
+    ffn = nn.Dense(self.hidden, name="ffn_out")(ffn)
+    return nn.LayerNorm(name="ln_ffn")(n + ffn)
 
 
 class MLP(nn.Module):
@@ -100,40 +197,93 @@ def workflow_graph(query_emb, hubs, rows, row_hub, row_valid) -> jraph.GraphsTup
                            n_edge=jnp.array([M]), globals=None)
 
 
+def memory_rows(obs):
+  """(rows [M', F], row_hub [M'], row_valid [M']) of an observation: its workflow rows, followed
+  by its retrieved history rows when the observation has them (retrieval ablation)."""
+  if "ret_rows" not in obs:
+    return obs["rows"], obs["row_hub"], obs["row_valid"]
+  return (jnp.concatenate([obs["rows"], obs["ret_rows"]], -2),
+          jnp.concatenate([obs["row_hub"], obs["ret_hub"]], -1),
+          jnp.concatenate([obs["row_valid"], obs["ret_valid"]], -1))
+
+
 class GARNet(nn.Module):
-  """Policy + value networks. Methods are called with `apply(..., method=...)`."""
+  """Policy + value networks. Methods are called with `apply(..., method=...)`.
+
+  encoder: one of ENCODERS (workflow-graph layer; "homogeneous" needs input_width >= the widest
+  table: hub features, rows, query). history_input: "sums" (per-hub sums of transformed history
+  rows) or "summary" (per-hub summary text embeddings [A, D] passed in place of the sums).
+  retrieval_k > 0: the rollout adds k retrieved history rows to each observation.
+  """
   hidden: int = 32
   num_layers: int = 2
   mlp_hidden: int = 64
   use_history: bool = True
+  encoder: str = "garnet"
+  history_input: str = "sums"
+  retrieval_k: int = 0
+  heads: int = 4
+  input_width: int = 0
 
   def setup(self):
-    self.hist_hub = TableTransform(self.hidden)
-    self.hist_row = TableTransform(self.hidden)
+    if self.encoder not in ENCODERS:
+      raise ValueError(f"unknown encoder {self.encoder!r}")
+    if self.history_input not in HISTORY_INPUTS:
+      raise ValueError(f"unknown history input {self.history_input!r}")
+    homogeneous = self.encoder == "homogeneous"
+    if homogeneous:
+      if self.input_width <= 0:
+        raise ValueError("the homogeneous encoder needs input_width (the widest table)")
+      self.shared_in = SharedTransform(self.input_width, self.hidden)
+    else:
+      self.hist_hub = TableTransform(self.hidden)
+      self.hist_row = TableTransform(self.hidden)
     self.hist_beta = self.param("hist_beta", nn.initializers.ones, ())
-    self.query_in = nn.Dense(self.hidden)
-    self.layers = [GARNetLayer(self.hidden) for _ in range(self.num_layers)]
+    if self.history_input == "summary" and not homogeneous:
+      self.hist_summary = TableTransform(self.hidden)
+    if not homogeneous:
+      self.query_in = nn.Dense(self.hidden)
+    aggregate = {"gat": "gat", "transformer": "transformer"}.get(self.encoder, "mean")
+    self.layers = [GARNetLayer(self.hidden, aggregate=aggregate, shared=homogeneous,
+                               heads=self.heads) for _ in range(self.num_layers)]
     self.policy_mlp = MLP((self.mlp_hidden, self.hidden), last_scale=0.01)
-    self.value_row = TableTransform(self.hidden)
-    self.value_hub = TableTransform(self.hidden)
+    if homogeneous:
+      self.value_shared = SharedTransform(self.input_width, self.hidden)
+    else:
+      self.value_row = TableTransform(self.hidden)
+      self.value_hub = TableTransform(self.hidden)
     self.value_mlp = MLP((self.mlp_hidden, self.mlp_hidden, 1))
+
+  @property
+  def _homogeneous(self) -> bool:
+    return self.encoder == "homogeneous"
 
   def history_rows(self, rows):
     """[N, F] history memory rows -> [N, d] transformed rows (summed per hub by the caller)."""
-    return self.hist_row(rows)
+    return self.shared_in(rows) if self._homogeneous else self.hist_row(rows)
 
   def history_hubs(self, hub_features, hub_sum, hub_count):
-    """H_hist [A, d] from hub features [A, 2D] and per-hub sums [A, d] / counts [A]."""
-    h = self.hist_hub(hub_features)
+    """H_hist [A, d] from hub features [A, 2D] and per-hub sums [A, d] / counts [A].
+
+    history_input="summary": hub_sum is the summary embedding [A, D] of each hub (counts unused).
+    """
+    h = self.shared_in(hub_features) if self._homogeneous else self.hist_hub(hub_features)
     if not self.use_history:
       return h
+    if self.history_input == "summary":
+      s = self.shared_in(hub_sum) if self._homogeneous else self.hist_summary(hub_sum)
+      return h + self.hist_beta * s
     mean = hub_sum / jnp.maximum(hub_count, 1.0)[:, None]
     return h + self.hist_beta * mean
 
   def policy(self, h_hist, obs):
     """Masked logits [A] for one observation given H_hist [A, d]."""
-    graph = workflow_graph(self.query_in(obs["query"]), h_hist, obs["rows"], obs["row_hub"],
-                           obs["row_valid"])
+    rows, row_hub, row_valid = memory_rows(obs)
+    if self._homogeneous:
+      q, rows = self.shared_in(obs["query"]), self.shared_in(rows)
+    else:
+      q = self.query_in(obs["query"])
+    graph = workflow_graph(q, h_hist, rows, row_hub, row_valid)
     for layer in self.layers:
       graph = layer(graph, h_hist.shape[0])
     H = graph.nodes[1:1 + h_hist.shape[0]]
@@ -143,16 +293,23 @@ class GARNet(nn.Module):
 
   def value(self, hub_features, obs):
     """Scalar state value for one observation."""
-    rows = self.value_row(obs["rows"])
-    w = obs["row_valid"].astype(rows.dtype)[:, None]
+    rows, _, valid = memory_rows(obs)
+    t_row, t_hub = ((self.value_shared, self.value_shared) if self._homogeneous
+                    else (self.value_row, self.value_hub))
+    rows = t_row(rows)
+    w = valid.astype(rows.dtype)[:, None]
     pooled_rows = (rows * w).sum(0) / jnp.maximum(w.sum(), 1.0)
-    pooled_hubs = self.value_hub(hub_features).mean(0)
+    pooled_hubs = t_hub(hub_features).mean(0)
     x = jnp.concatenate([obs["task"], obs["query"], obs["state"], pooled_rows, pooled_hubs])
     return self.value_mlp(x)[0]
 
   def __call__(self, hub_features, hist_rows, obs):
     """Touches every parameter (used by init)."""
     h = self.history_rows(hist_rows)
-    hub_sum = jnp.zeros((hub_features.shape[0], self.hidden)).at[0].add(h.sum(0))
-    h_hist = self.history_hubs(hub_features, hub_sum, jnp.ones(hub_features.shape[0]))
+    A = hub_features.shape[0]
+    if self.history_input == "summary":
+      hub_in = jnp.zeros((A, obs["query"].shape[-1]))
+    else:
+      hub_in = jnp.zeros((A, self.hidden)).at[0].add(h.sum(0))
+    h_hist = self.history_hubs(hub_features, hub_in, jnp.ones(A))
     return self.policy(h_hist, obs), self.value(hub_features, obs)

@@ -3,6 +3,8 @@
 The update runs `epochs` x `num_minibatches` gradient steps inside one jit (nested lax.scan), on a
 TrainingState pytree. Each minibatch encodes the history rows once and gives every transition its
 own history snapshot through prefix sums over chunks of rows cut at the snapshot values.
+History-summary ablation: `hist` carries summary [A, D], the per-hub summary embeddings every
+decision of the iteration read, and all transitions use it (no per-transition sums).
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ import optax
 
 from gp_jax.graph import garnet as garnet_lib
 
-VALUE_MODULES = ("value_row", "value_hub", "value_mlp")
+VALUE_MODULES = ("value_row", "value_hub", "value_mlp", "value_shared")
 
 
 @flax.struct.dataclass
@@ -99,6 +101,14 @@ def history_sums(model: garnet_lib.GARNet, params, hist: dict, chunk: chex.Array
 
 def forward_batch(model, params, hub_features, hist, batch, num_chunks: int):
   """Logits [B, A] and values [B] of a minibatch, each with its own history snapshot."""
+  if "summary" in hist:   # one history input for the whole iteration
+    h_hist = model.apply({"params": params}, hub_features, hist["summary"],
+                         jnp.zeros(hub_features.shape[0]), method=model.history_hubs)
+    def one_summary(obs):
+      logits = model.apply({"params": params}, h_hist, obs, method=model.policy)
+      value = model.apply({"params": params}, hub_features, obs, method=model.value)
+      return logits, value
+    return jax.vmap(one_summary)(batch["obs"])
   sums, count = history_sums(model, params, hist, batch["hist_chunk"], batch["hist_count"],
                              num_chunks)
   def one(obs, s, c):
@@ -116,7 +126,8 @@ def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransforma
 
   batch: dict of arrays with leading dim N (a multiple of num_minibatches): obs (dict), actions,
   old_logp, advantages, returns, weights, hist_chunk [N], hist_count [N, A].
-  hist: rows [H, F], segment [H] from HistoryMemory.update_inputs(..., num_chunks).
+  hist: rows [H, F], segment [H] from HistoryMemory.update_inputs(..., num_chunks); in the
+  summary ablation also summary [A, D] (PolicyRunner.history_input_array of the iteration).
   """
   loss_kw = dict(clip_eps=clip_eps, value_coef=value_coef, entropy_coef=entropy_coef)
 

@@ -5,6 +5,10 @@ the jitted GARNet policy, then awaits all their LLM calls together (asyncio). Fi
 hand their slot to the next query. The order of everything is fixed by slot order, so a run is
 deterministic whatever the LLM latencies. Per-hub history sums for decisions are kept
 incrementally: rows are transformed once, with the current parameters, when they arrive.
+History ablations (the model's fields say which): history_input="summary" reads per-hub summary
+embeddings made from the history memory at each `set_params` (fixed for the iteration, so the PPO
+update is given the same array: `history_input_array`); retrieval_k > 0 adds the k most similar
+history rows to every observation (stored with it, so the update sees the same rows).
 """
 from __future__ import annotations
 
@@ -31,13 +35,23 @@ class PolicyRunner:
   """Jitted batched policy with incrementally maintained history hub sums (host side)."""
 
   def __init__(self, model: garnet_lib.GARNet, hub_features: np.ndarray, batch_size: int,
-               max_traces: int | None = None):
+               max_traces: int | None = None,
+               featurizer: features_lib.Featurizer | None = None):
+    """featurizer: needed by the summary and retrieval ablations (text encoder, row layout)."""
     self.model, self.batch_size = model, batch_size
     self.hub_features = jnp.asarray(hub_features)
     A = hub_features.shape[0]
     self.num_hubs = A
     self.params = None
-    self.hub_sum = np.zeros((A, model.hidden), np.float32)
+    self.summary = model.history_input == "summary" and model.use_history
+    self.retrieval_k = int(model.retrieval_k)
+    self.keeps_sums = model.use_history and not self.summary
+    if (self.summary or self.retrieval_k) and featurizer is None:
+      raise ValueError("the summary and retrieval history modes need the featurizer")
+    self.featurizer = featurizer
+    self.summary_texts: list[str] = []
+    width = featurizer.spec.text_dim if self.summary else model.hidden
+    self.hub_sum = np.zeros((A, width), np.float32)
     self.hub_count = np.zeros(A, np.float32)
 
     def act(params, hub_features, hub_sum, hub_count, obs, key, greedy):
@@ -76,13 +90,29 @@ class PolicyRunner:
     self.params = params
     self.hub_sum[:] = 0
     self.hub_count[:] = 0
+    if self.summary:
+      rows, hubs = (history.rows, history.hubs) if history is not None else (
+          np.zeros((0, self.featurizer.spec.row_dim), np.float32), np.zeros(0, np.int32))
+      self.summary_texts, self.hub_sum[:] = self.featurizer.history_summary(rows, hubs)
+      self.hub_count[:] = np.bincount(hubs, minlength=self.num_hubs)[:self.num_hubs]
+      return
+    if not self.keeps_sums:
+      return
     if history is not None and len(history):
       rows, hubs = history.padded()
       s, c = self._rows_all(params, rows, hubs)
       self.hub_sum[:] = np.asarray(s)
       self.hub_count[:] = np.asarray(c)
 
+  def history_input_array(self) -> np.ndarray:
+    """A copy of the per-hub history input the decisions since `set_params` read ([A, D] summary
+    embeddings in the summary mode)."""
+    return np.array(self.hub_sum)
+
   def add_history(self, rows: np.ndarray, hubs: np.ndarray) -> None:
+    """New history rows: added to the kept sums (the summary changes only at set_params)."""
+    if not self.keeps_sums:
+      return
     for i in range(0, len(rows), ROW_CHUNK):
       r, h = rows[i:i + ROW_CHUNK], hubs[i:i + ROW_CHUNK]
       pr = np.zeros((ROW_CHUNK, rows.shape[1]), np.float32)
@@ -142,6 +172,8 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
   slots: list[tuple[int, Episode] | None] = [None] * runner.batch_size
   done: dict[int, Episode] = {}
   row_dim = featurizer.spec.row_dim
+  index = (features_lib.RetrievalIndex(featurizer, runner.retrieval_k) if runner.retrieval_k
+           else None)
 
   def start(slot: int) -> None:
     if not pending:
@@ -159,6 +191,11 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
     live = [(s, slot) for s, slot in enumerate(slots) if slot is not None]
     obs = [featurizer.observe(ep.state, ep.task_emb, ep.query_emb, ep.rows, env.mask(ep.state))
            for _, (_, ep) in live]
+    if index is not None:   # the k history rows nearest to each query, stored in its observation
+      if history is not None:
+        index.sync(history.rows, history.hubs)
+      for o, extra in zip(obs, index.fields(np.stack([ep.query_emb for _, (_, ep) in live]))):
+        o.update(extra)
     batch = features_lib.stack(obs, pad_to=runner.batch_size)
     actions, logp, values = runner.act(batch, jax.random.fold_in(key, step), greedy)
     step += 1

@@ -42,7 +42,9 @@ _gae = jax.jit(gae_lib.batched_gae)
 
 def build_batch(episodes: list[rollout.Episode], history: history_lib.HistoryMemory | None, *,
                 gamma: float, gae_lambda: float, batch_size: int, num_hubs: int) -> tuple[dict, dict]:
-  """PPO batch padded to `batch_size` transitions, and history inputs, from finished episodes."""
+  """PPO batch padded to `batch_size` transitions, and history inputs, from finished episodes.
+
+  history: the memory whose per-hub sums the decisions read (transductive), else None."""
   T = max(len(e.rewards) for e in episodes)
   E = len(episodes)
   rewards = np.zeros((E, T), np.float32)
@@ -73,9 +75,10 @@ def build_batch(episodes: list[rollout.Episode], history: history_lib.HistoryMem
     out[:n] = x
     return out
   obs_b = features_lib.stack(obs, pad_to=N)
-  hist = history if history is not None else history_lib.HistoryMemory(
-      obs_b["rows"].shape[-1], num_hubs, capacity=0)
-  hist_inputs = hist.update_inputs(np.asarray(snaps), num_chunks=N + 1)
+  if history is None:   # no per-transition sums (inductive, summary, retrieval): empty memory
+    history = history_lib.HistoryMemory(obs_b["rows"].shape[-1], num_hubs, capacity=0)
+    snaps = np.zeros(len(snaps), np.int64)
+  hist_inputs = history.update_inputs(np.asarray(snaps), num_chunks=N + 1)
   batch = dict(obs=obs_b, actions=pad(actions, np.int32), old_logp=pad(logp, np.float32),
                advantages=pad(advs, np.float32), returns=pad(rets, np.float32),
                weights=pad(np.ones(n), np.float32), hist_chunk=pad(hist_inputs.pop("chunk"), np.int32),
@@ -99,12 +102,50 @@ class MetricsLog:
       f.write(json.dumps(record, sort_keys=True) + "\n")
 
 
-def make_model(config) -> garnet_lib.GARNet:
+HISTORY_MODES = ("transductive", "inductive", "summary", "retrieval")
+
+
+def make_model(config, spec: features_lib.FeatureSpec | None = None) -> garnet_lib.GARNet:
+  """The GARNet (or ablation) of config.model: encoder, history mode, retrieval_k, heads.
+
+  spec: the feature spec (needed by the homogeneous encoder, whose shared input transform spans
+  the widest table; without it the width comes from config.text.dim and config.model.mem_proj).
+  """
   m = config.model
-  if m.history not in ("transductive", "inductive"):
-    raise errors.ConfigError(f"config.model.history must be 'transductive' or 'inductive', got {m.history!r}")
+  history = m.history
+  encoder = m.get("encoder", "garnet")
+  k = m.get("retrieval_k", 5)
+  heads = m.get("attention_heads", 4)
+  if history not in HISTORY_MODES:
+    raise errors.ConfigError(f"config.model.history must be one of {', '.join(HISTORY_MODES)}; "
+                             f"got {history!r}")
+  if encoder not in garnet_lib.ENCODERS:
+    raise errors.ConfigError(f"config.model.encoder must be one of "
+                             f"{', '.join(garnet_lib.ENCODERS)}; got {encoder!r}")
+  if not isinstance(k, int) or k < 1:
+    raise errors.ConfigError(f"config.model.retrieval_k must be an integer >= 1, got {k!r}")
+  if encoder == "transformer" and (heads < 1 or int(m.hidden) % heads):
+    raise errors.ConfigError(f"config.model.attention_heads ({heads}) must divide "
+                             f"config.model.hidden ({m.hidden}) for the transformer encoder")
+  kw = {}
+  if encoder != "garnet":
+    kw["encoder"] = encoder
+  if encoder == "homogeneous":
+    if spec is not None:
+      text, row = spec.text_dim, spec.row_dim
+    else:
+      text = int(config.text.dim)
+      row = 2 * (int(m.mem_proj) or text) + 3
+    kw["input_width"] = max(2 * text, row)
+  if encoder == "transformer":
+    kw["heads"] = int(heads)
+  if history == "summary":
+    kw["history_input"] = "summary"
+  if history == "retrieval":
+    kw["retrieval_k"] = int(k)
   return garnet_lib.GARNet(hidden=int(m.hidden), num_layers=int(m.num_layers),
-                           mlp_hidden=int(m.mlp_hidden), use_history=m.history == "transductive")
+                           mlp_hidden=int(m.mlp_hidden),
+                           use_history=history in ("transductive", "summary"), **kw)
 
 
 def init_state(model, featurizer, optimizer, seed: int) -> ppo.TrainingState:
@@ -158,12 +199,13 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
           verbose: bool = True) -> dict:
   """Trains a router; returns a summary. Resumes from the latest checkpoint in workdir."""
   _validate(config)
+  make_model(config)   # config errors before anything is built
   enable_compile_cache(config.get("compile_cache", ""))
   workdir = pathlib.Path(workdir)
   workdir.mkdir(parents=True, exist_ok=True)
   sysm = system or system_lib.build(config)
   env = sysm.env(float(config.alpha), reward=config.train.get("reward", "sampled"))
-  model = make_model(config)
+  model = make_model(config, sysm.featurizer.spec)
   p = config.ppo
   optimizer = ppo.make_optimizer(learning_rate=p.learning_rate, value_lr_multiplier=p.value_lr_multiplier,
                                  max_grad_norm=p.max_grad_norm)
@@ -175,7 +217,10 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   update = ppo.make_update_fn(model, optimizer, epochs=int(p.epochs), num_minibatches=int(p.num_minibatches),
                               clip_eps=p.clip_eps, value_coef=p.value_coef, entropy_coef=p.entropy_coef,
                               num_chunks=batch_size + 1)
+  # The history memory grows in every mode but inductive; only transductive sums its rows.
   transductive = config.model.history == "transductive"
+  memory = config.model.history != "inductive"
+  summary = config.model.history == "summary"
   history = history_lib.HistoryMemory(sysm.featurizer.spec.row_dim, sysm.space.size,
                                       capacity=int(config.model.history_capacity),
                                       headroom=batch_size)
@@ -190,8 +235,9 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
       print(f"resumed from iteration {meta['iteration']} ({meta['episodes']} episodes, "
             f"{len(history)} history rows)", file=sys.stderr)
   log = MetricsLog(workdir / "metrics.jsonl", meta["iteration"])
-  runner = rollout.PolicyRunner(model, sysm.featurizer.hub_features, int(config.train.parallel))
-  runner.set_params(state.params, history if transductive else None)
+  runner = rollout.PolicyRunner(model, sysm.featurizer.hub_features, int(config.train.parallel),
+                                featurizer=sysm.featurizer)
+  runner.set_params(state.params, history if memory else None)
   hub_features = jnp.asarray(sysm.featurizer.hub_features)
   n_iters = math.ceil(config.train.episodes / config.train.episodes_per_iter)
   queries = sysm.train_queries
@@ -205,16 +251,18 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
     t_roll = time.time()
     episodes = aio.run(rollout.run_episodes(
         env, sysm.featurizer, runner, batch_q, key=jax.random.fold_in(jax.random.PRNGKey(config.seed + 1), it),
-        greedy=False, history=history if transductive else None, grow_history=transductive,
+        greedy=False, history=history if memory else None, grow_history=memory,
         seed_salt=(config.seed, it)))
     t_upd = time.time()
     batch, hist_inputs = build_batch(episodes, history if transductive else None,
                                      gamma=p.gamma, gae_lambda=p.gae_lambda, batch_size=batch_size,
                                      num_hubs=sysm.space.size)
+    if summary:   # the summary every decision of this iteration read
+      hist_inputs["summary"] = runner.history_input_array()
     state, m = update(state, hub_features, hist_inputs, batch)
     m = {k: float(v) for k, v in jax.device_get(m).items()}
     history.evict()
-    runner.set_params(state.params, history if transductive else None)
+    runner.set_params(state.params, history if memory else None)
     ret = float(np.mean([e.episode_return for e in episodes]))
     meta["running_reward"] = ret if meta["running_reward"] is None else 0.9 * meta["running_reward"] + 0.1 * ret
     meta["iteration"], meta["episodes"] = it, start + len(episodes)
@@ -259,8 +307,11 @@ def _query_order(n: int, seed: int, start: int, count: int) -> list[int]:
 
 
 def load_router(config, workdir, system: system_lib.System, *, best: bool = True):
-  """(model, params, history) from a run's checkpoint (best by running reward, or latest)."""
-  model = make_model(config)
+  """(model, params, history) from a run's checkpoint (best by running reward, or latest).
+
+  Evaluate with the returned history for the transductive, summary and retrieval modes (they read
+  it), None for inductive."""
+  model = make_model(config, system.featurizer.spec)
   p = config.ppo
   optimizer = ppo.make_optimizer(learning_rate=p.learning_rate, value_lr_multiplier=p.value_lr_multiplier,
                                  max_grad_norm=p.max_grad_norm)
