@@ -66,7 +66,7 @@ def run_cell(config, system, routers, alpha: float, seed: int, out: pathlib.Path
   cfg.alpha, cfg.seed = float(alpha), int(seed)
   summary = train_lib.train(cfg, out / "graphplanner", system=system, verbose=verbose)
   model, params, history = train_lib.load_router(cfg, out / "graphplanner", system)
-  hist = history if cfg.model.history == "transductive" else None
+  hist = None if cfg.model.history == "inductive" else history
   rows = evaluation.evaluate(system, alpha, router=(model, params, hist), baselines=True,
                              optimum=system.world is not None, parallel=int(cfg.train.parallel),
                              seed=seed)

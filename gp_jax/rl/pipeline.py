@@ -14,7 +14,7 @@ def evaluate_run(config, workdir, *, tag: str = "eval", system=None, verbose: bo
   t0 = time.time()
   system = system or system_lib.build(config)
   model, params, history = train_lib.load_router(config, workdir, system)
-  hist = history if config.model.history == "transductive" else None
+  hist = None if config.model.history == "inductive" else history   # summary/retrieval read it too
   rows = evaluation.evaluate(system, float(config.alpha), router=(model, params, hist),
                              baselines=bool(config.eval.baselines),
                              optimum=bool(config.eval.optimum),
