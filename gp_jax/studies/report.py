@@ -138,8 +138,10 @@ def study_markdown(name: str, cells: list[dict], figure: str | None) -> str:
   c0 = cells[0]
   out = [f"## {TITLES.get(name, name)}", "",
          f"Alpha = {c0['alpha']:g}; {c0['n_test']} test queries per seed; seeds "
-         f"{sorted({c['seed'] for c in cells})}. Mean ± std over seeds (sample std). Reward / "
-         "optimum divides by the DP optimum of the variant's own evaluation system."]
+         f"{sorted({c['seed'] for c in cells})}; routers trained for "
+         f"{'/'.join(str(e) for e in sorted({c['train']['episodes'] for c in cells}))} episodes. "
+         "Mean ± std over seeds (sample std). Reward / optimum divides by the DP optimum of the "
+         "variant's own evaluation system; 'train s' is rollout + update time of its training run."]
   if figure:
     out += ["", f"![{name}]({figure})"]
   out += ["", "| variant | E[acc] | cost (m$) | reward | reward / optimum | best single LLM | "
