@@ -3,7 +3,7 @@
 Layout read (each part optional, at least one needed):
   <root>/sweep/                  alpha sweep cells (gp_jax/baselines/sweep.py)
   <root>/studies/<study>/        study cells (gp_jax/studies/runner.py)
-  <root>/counselor_routed/       routed Graph Counselor results (report.md written by its runner)
+  <root>/counselor_routed/       routed Graph Counselor results (results.md written by its runner)
 Per study: a table of every variant (mean ± std over seeds of expected accuracy, cost, reward and
 reward / optimum of its evaluation system), the reference policies of each evaluation system, the
 share of calls per role and of calls to held-out LLMs, and a bar chart of reward / optimum.
@@ -207,11 +207,10 @@ def write_full_report(root: str | pathlib.Path, out: str | pathlib.Path) -> path
     plot_study(name, summarize_study(cells)[0], png)
     parts += ["", study_markdown(name, cells, png.name)]
     found = True
-  counselor = root / "counselor_routed" / "report.md"
+  counselor = root / "counselor_routed" / "results.md"
   if counselor.exists():
     text = counselor.read_text()
-    parts += ["", "## Routed Graph Counselor", "",
-              text.replace("\n# ", "\n### ").lstrip("# ").split("\n", 1)[-1]]
+    parts += ["", "## Routed Graph Counselor", "", text.replace("\n# ", "\n### ")]
     found = True
   if not found:
     raise errors.DataError(f"{root}: no finished sweep, study or counselor runs found")

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Every experiment of the paper on the simulated pool, then one report with figures.
+#   bash scripts/experiments.sh          CPU size: runs/experiments/, report -> docs/report.md
+#   bash scripts/experiments.sh test     CI size:  runs/experiments_test/, report next to it
+# Each runner is resumable: rerunning skips finished cells and resumes interrupted training.
+# Extra arguments after the size go to every study and sweep run (e.g. --config.study.seeds=0).
+source "$(dirname "$0")/env.sh"
+size="${1:-default}"
+shift || true
+case "$size" in
+  default) suffix="";      root="runs/experiments";      out="docs/report.md" ;;
+  test)    suffix=":test"; root="runs/experiments_test"; out="$root/report.md" ;;
+  *) echo "error: unknown size '$size' (use default or test)" >&2; exit 2 ;;
+esac
+mkdir -p "$root/studies"
+t0=$(date +%s)
+stamp() { echo "[experiments] $1: $(( $(date +%s) - t0 ))s elapsed" >&2; }
+python -m experiments.sweep --config="experiments/configs/sweep.py$suffix" --workdir="$root/sweep" "$@"
+stamp "alpha sweep"
+for study in phases unseen ablations roles; do
+  python -m experiments.study --study="$study" --config="experiments/configs/study.py$suffix" \
+    --workdir="$root/studies/$study" "$@"
+  stamp "study $study"
+done
+if [ "$size" = test ]; then
+  python -m experiments.counselor_routed --workdir="$root/counselor_routed" --size=tiny \
+    --per_template=4 --n_train=24 --n_test=16 --episodes=192 --batch_questions=16 --seeds=0 \
+    --llms=qwen2.5-7b-instruct,llama-3.1-8b-instruct,llama-3.3-nemotron-super-49b-v1
+else
+  python -m experiments.counselor_routed --workdir="$root/counselor_routed"
+fi
+stamp "routed Graph Counselor"
+python -m experiments.report --root="$root" --out="$out"
+stamp "report"
