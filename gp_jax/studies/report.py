@@ -110,24 +110,40 @@ def _held_out_names(cell) -> set:
   return {m.name for m in full.llms if m.held_out} & set(cell["llms"])
 
 
-def plot_study(name: str, variants: list[dict], path: pathlib.Path) -> None:
+def plot_study(name: str, variants: list[dict], refs: dict, path: pathlib.Path) -> None:
+  """Left: expected reward per variant with its own optimum and best single LLM; right: the ratio."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   names = [v["name"] for v in variants]
-  mean = [v["stats"].get("ratio", (math.nan, 0, 0))[0] for v in variants]
-  std = [v["stats"].get("ratio", (math.nan, 0, 0))[1] for v in variants]
-  fig, ax = plt.subplots(figsize=(max(5, 1.1 * len(names) + 2), 4))
-  ax.bar(range(len(names)), mean, yerr=std, capsize=4, color="tab:red", alpha=0.8)
-  ax.axhline(1.0, color="black", ls="--", lw=1.5, label="optimum (DP) of each evaluation system")
-  ax.set_xticks(range(len(names)))
-  ax.set_xticklabels(names, rotation=25, ha="right", fontsize=8)
-  ax.set_ylabel("expected reward / optimum")
-  lo = np.nanmin(np.array(mean) - np.array(std)) if names else 0
-  ax.set_ylim(min(0.0, lo - 0.05), 1.05)
-  ax.set_title(TITLES.get(name, name), fontsize=9)
+  x = np.arange(len(names))
+  get = lambda v, k: v["stats"].get(k, (math.nan, 0.0, 0))
+  fig, (ax, ax2) = plt.subplots(1, 2, figsize=(max(9, 1.6 * len(names) + 3), 4.2))
+  reward = [get(v, "reward") for v in variants]
+  ax.bar(x, [r[0] for r in reward], yerr=[r[1] for r in reward], capsize=3, color="tab:red",
+         alpha=0.8, label="GraphPlanner")
+  opt = {n: np.mean(ref["rows"][OPTIMUM]) for ref in refs.values() if OPTIMUM in ref["rows"]
+         for n in ref["variants"]}
+  ax.plot(x, [opt.get(n, math.nan) for n in names], "k*", ms=11, label="optimum (DP) of its system")
+  ax.plot(x, [get(v, "best_single")[0] for v in variants], "D", color="grey", ms=6,
+          label="best single LLM of its system")
+  ax.set_ylabel("expected reward")
   ax.legend(fontsize=7, loc="lower right")
-  ax.grid(axis="y", alpha=0.3)
+  ratio = [get(v, "ratio") for v in variants]
+  bars = ax2.bar(x, [r[0] for r in ratio], yerr=[r[1] for r in ratio], capsize=3,
+                 color="tab:red", alpha=0.8)
+  for b, r in zip(bars, ratio):
+    ax2.annotate(f"{r[0]:.3f}", (b.get_x() + b.get_width() / 2, r[0]), ha="center", fontsize=7,
+                 xytext=(0, 6), textcoords="offset points")
+  ax2.axhline(1.0, color="black", ls="--", lw=1.2)
+  lo = np.nanmin([r[0] - r[1] for r in ratio]) if names else 0.0
+  ax2.set_ylim(max(0.0, lo - 0.1), 1.03)   # zoomed: the differences are small
+  ax2.set_ylabel("expected reward / optimum (zoomed)")
+  for a in (ax, ax2):
+    a.set_xticks(x)
+    a.set_xticklabels(names, rotation=25, ha="right", fontsize=8)
+    a.grid(axis="y", alpha=0.3)
+  fig.suptitle(TITLES.get(name, name) + " (mean ± std over seeds)", fontsize=10)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
   plt.close(fig)
@@ -204,7 +220,7 @@ def write_full_report(root: str | pathlib.Path, out: str | pathlib.Path) -> path
     if not cells:
       continue
     png = out.with_name(f"{stem}_{name}.png")
-    plot_study(name, summarize_study(cells)[0], png)
+    plot_study(name, *summarize_study(cells), png)
     parts += ["", study_markdown(name, cells, png.name)]
     found = True
   counselor = root / "counselor_routed" / "results.md"
