@@ -149,6 +149,12 @@ def plot_study(name: str, variants: list[dict], refs: dict, path: pathlib.Path) 
   plt.close(fig)
 
 
+def _short(value) -> str:
+  """Long comma lists (LLM or role names) as their count."""
+  text = str(value)
+  return f"({len(text.split(','))} names)" if "," in text and len(text) > 40 else text
+
+
 def study_markdown(name: str, cells: list[dict], figure: str | None) -> str:
   variants, refs = summarize_study(cells)
   c0 = cells[0]
@@ -164,8 +170,8 @@ def study_markdown(name: str, cells: list[dict], figure: str | None) -> str:
           "calls/query | held-out LLM share | train s | what |", "|---|---|---|---|---|---|---|---|---|---|"]
   for v in variants:
     s = v["stats"]
-    what = ", ".join([f"train {k}={val}" for k, val in v["train_overrides"].items()] +
-                     [f"eval {k}={val}" for k, val in v["eval_overrides"].items()] +
+    what = ", ".join([f"train {k}={_short(val)}" for k, val in v["train_overrides"].items()] +
+                     [f"eval {k}={_short(val)}" for k, val in v["eval_overrides"].items()] +
                      (["empty history at test"] if v["history"] == "none" else []) +
                      ([f"few-shot {v['few_shot']} episodes"] if v["few_shot"] else [])) or "default"
     out.append(f"| {v['name']} | {_pm(s['exp_accuracy'])} | {_pm(s['cost'])} | {_pm(s['reward'])} | "
