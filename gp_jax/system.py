@@ -47,11 +47,12 @@ class System:
     "auto" (expected on the simulator, sampled otherwise)."""
     if reward not in ("sampled", "expected", "auto"):
       raise errors.ConfigError(f"reward must be 'sampled', 'expected' or 'auto', got {reward!r}")
+    simulated = self.world is not None and _serves_simulator(self.pool)
     if reward == "auto":
-      reward = "expected" if self.world is not None else "sampled"
+      reward = "expected" if simulated else "sampled"
     expected = None
     if reward == "expected":
-      if self.world is None:
+      if not simulated:
         raise errors.ConfigError("reward 'expected' needs the simulator backend (real answers "
                                  "have no known success probability); use 'sampled'")
       world = self.world
@@ -59,6 +60,13 @@ class System:
     return env_lib.WorkflowEnv(self.space, self.mdp_cfg, self.pool, alpha=alpha,
                                describe=self.describe, scorer=self.scorer, sampling=self.sampling,
                                expected_utility=expected)
+
+
+def _serves_simulator(pool) -> bool:
+  """True when the calls are answered by the simulator (directly or through a replay cache)."""
+  while pool is not None and not isinstance(pool, sim.SimulatorPool):
+    pool = getattr(pool, "inner", None)
+  return pool is not None
 
 
 def _names(value: str, field: str) -> list[str]:

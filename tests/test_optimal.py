@@ -127,6 +127,14 @@ def test_reward_mode_validation():
   assert system.env(0.1).expected_utility is None                      # default: sampled
   with pytest.raises(errors.ConfigError, match="reward must be"):
     system.env(0.1, reward="mean")
+  from gp_jax.llm import base
+  class OtherPool(base.LLMPool):     # e.g. a real server answering the simulated queries
+    async def chat(self, model, messages, params=base.SamplingParams()):
+      raise AssertionError("not called")
+  other_pool = dataclasses.replace(system, pool=OtherPool(system.catalog))
+  assert other_pool.env(0.1, reward="auto").expected_utility is None
+  with pytest.raises(errors.ConfigError, match="needs the simulator"):
+    other_pool.env(0.1, reward="expected")
   no_world = dataclasses.replace(system, world=None)
   assert no_world.env(0.1, reward="auto").expected_utility is None
   with pytest.raises(errors.ConfigError, match="needs the simulator"):
