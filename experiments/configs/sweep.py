@@ -24,7 +24,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.text.dim = 128               # hashing width
     c.model.mem_proj = 32
     c.model.history_capacity = 5000
-    c.train.episodes = 3000        # GraphPlanner training episodes per cell
+    c.train.episodes = 6000        # GraphPlanner training episodes per cell
     c.train.episodes_per_iter = 64
     c.train.parallel = 64
     c.train.checkpoint_every = 4
@@ -53,7 +53,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sweep.multi_routers = "knn,llm,router_r1"
   c.sweep.router_llm = ""          # router LLM of llm and router_r1; "" = the pool's cheapest
   c.sweep.r1_hidden = 64           # Router-R1 MLP width
-  c.sweep.r1_episodes = 3000 if arg == "" else 128   # Router-R1 PPO episodes per cell (as GraphPlanner)
+  c.sweep.r1_episodes = 6000 if arg == "" else 128   # Router-R1 PPO episodes per cell (as GraphPlanner)
   c.sweep.r1_batch = 64 if arg == "" else 32         # episodes per PPO update
   c.sweep.r1_learning_rate = 1e-3
   c.sweep.r1_entropy_coef = 0.01
