@@ -24,6 +24,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.study.seeds = "0,1" if arg == "" else "0"   # seeds (data, init, sampling)
   c.study.routers = "knn,mlp,routerdc,graph" if arg == "" else "knn,mlp"   # unseen-task baselines
   c.study.few_shot = 50            # episodes of the few-shot new-role variant
+  # The roles study's DP optimum with Thinker and Verifier grows as K^3 in the pool size K (verifier
+  # x summarizer x final executor per planner); on a CPU it uses a 5-LLM pool and 150 test queries.
+  c.study.roles_llms = ("" if arg == "test" else
+                        "qwen2.5-7b-instruct,llama-3.1-8b-instruct,gemma-2-9b-it,"
+                        "llama3-chatqa-1.5-70b,llama-3.3-nemotron-super-49b-v1")   # "" = config.llms
+  c.study.roles_n_test = 0 if arg == "test" else 150   # 0 = config.data.n_test
   c.study.knn_k = 10               # single-round router settings (as in the sweep)
   c.study.mlp_hidden = 64
   c.study.router_steps = 500 if arg == "" else 100

@@ -12,7 +12,8 @@ ablations  Inductive vs transductive inference (the transductive router evaluate
            history), no history (trained and evaluated without), and the encoder and history
            variants of gp_jax/graph/garnet.py (homogeneous, GAT, graph transformer, history as a
            text summary, history by retrieval with k=5).
-roles      Thinker and Verifier (paper App. E): trained with them; zero-shot (router trained on
+roles      Thinker and Verifier (paper App. E), on the pool config.study.roles_llms (the DP optimum
+           with five roles costs K^3 in the pool size): trained with them; zero-shot (router trained on
            Planner/Executor/Summarizer, new role hubs added at test time); few-shot (zero-shot plus
            50 episodes with the new hubs in the history and one PPO update on them).
 """
@@ -71,12 +72,17 @@ def roles(config) -> list[Variant]:
   # Thinker and Verifier calls lengthen a complete workflow: raise the step cap to fit it.
   cap = max(int(config.mdp.step_cap),
             system_lib.mdp_config(config.mdp).max_calls(thinker=True, verifier=True))
+  base = {}
+  if config.study.get("roles_llms", ""):
+    base["llms"] = str(config.study.roles_llms)
+  if int(config.study.get("roles_n_test", 0)):
+    base["data.n_test"] = int(config.study.roles_n_test)
   new = {"roles": NEW_ROLES, "mdp.step_cap": cap}
   return [
-      Variant("pes_trained"),
-      Variant("pestv_trained", train=new),
-      Variant("pestv_zero_shot", evaluate=new),
-      Variant("pestv_few_shot", evaluate=new, few_shot=few),
+      Variant("pes_trained", train=base),
+      Variant("pestv_trained", train={**base, **new}),
+      Variant("pestv_zero_shot", train=base, evaluate=new),
+      Variant("pestv_few_shot", train=base, evaluate=new, few_shot=few),
   ]
 
 

@@ -265,9 +265,10 @@ class StudyRunner:
     plus the variant's single-round routers fitted on the training system's queries."""
     ref_dir = self.workdir / "reference"
     ref_dir.mkdir(parents=True, exist_ok=True)
-    key = _key(dict(train=_key(v.train) if v.evaluate else "same", evaluate=v.evaluate,
-                    phase=[ecfg.mdp.phase1_depth, ecfg.mdp.phase1_width], roles=ecfg.roles,
-                    llms=ecfg.llms, tasks=[ecfg.data.tasks, ecfg.data.test_tasks]))
+    # Everything the reference rows depend on: the evaluation system, not the router.
+    key = _key(dict(llms=ecfg.llms, roles=ecfg.roles, mdp=ecfg.mdp.to_dict(),
+                    data=ecfg.data.to_dict(), alpha=ecfg.alpha, catalog=ecfg.catalog_file,
+                    reward=ecfg.train.get("reward", "")))
     path = ref_dir / f"{key}_seed{seed}.json"
     if path.exists():
       rows = json.loads(path.read_text())["rows"]
