@@ -32,6 +32,7 @@ prompted router's routing calls on real backends are real LLM calls, counted apa
 """
 from __future__ import annotations
 
+import abc
 import asyncio
 import copy
 import dataclasses
@@ -139,15 +140,16 @@ def _episode_utility(system, env: env_lib.WorkflowEnv, state: mdp.WorkflowState,
   return sim.expected_utility(system.world, state)
 
 
-class MultiRoundRouter:
+class MultiRoundRouter(abc.ABC):
   """fit(system, train_queries, seed) once; run(system, alpha, queries, seed) -> finished states."""
 
+  @abc.abstractmethod
   def fit(self, system, queries: list[Query], *, seed: int) -> "MultiRoundRouter":
-    raise NotImplementedError
+    """Fits the router on the training queries; returns self."""
 
+  @abc.abstractmethod
   def policy(self, alpha: float) -> policies.Policy:
     """A synchronous policy for gp_jax.workflow.policies.run_policy (tests, single queries)."""
-    raise NotImplementedError
 
   def run(self, system, alpha: float, queries: list[Query], *, seed: int
           ) -> list[mdp.WorkflowState]:

@@ -163,6 +163,26 @@ def init_state(model, featurizer, optimizer, seed: int) -> ppo.TrainingState:
                            update_step=jnp.zeros((), jnp.int32))
 
 
+def make_optimizer(config):
+  """The PPO optimizer of config.ppo (Adam, value lr multiplier, global-norm clipping)."""
+  p = config.ppo
+  return ppo.make_optimizer(learning_rate=p.learning_rate, value_lr_multiplier=p.value_lr_multiplier,
+                            max_grad_norm=p.max_grad_norm)
+
+
+def make_update(config, system: system_lib.System, model, optimizer, episodes: int):
+  """(jitted PPO update, padded batch size) for updates over `episodes` episodes of `system`."""
+  p = config.ppo
+  roles = system.space.roles
+  max_calls = system.mdp_cfg.max_calls(thinker=bool(roles.indices_of_kind("thinker")),
+                                       verifier=bool(roles.indices_of_kind("verifier")))
+  batch_size = batch_size_for(episodes, max_calls, int(p.num_minibatches))
+  update = ppo.make_update_fn(model, optimizer, epochs=int(p.epochs), num_minibatches=int(p.num_minibatches),
+                              clip_eps=p.clip_eps, value_coef=p.value_coef, entropy_coef=p.entropy_coef,
+                              num_chunks=batch_size + 1)
+  return update, batch_size
+
+
 def enable_compile_cache(path: str) -> None:
   """Keeps compiled XLA programs on disk so repeated runs (and resumes) skip recompiling."""
   if path:
@@ -207,16 +227,10 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   env = sysm.env(float(config.alpha), reward=config.train.get("reward", "sampled"))
   model = make_model(config, sysm.featurizer.spec)
   p = config.ppo
-  optimizer = ppo.make_optimizer(learning_rate=p.learning_rate, value_lr_multiplier=p.value_lr_multiplier,
-                                 max_grad_norm=p.max_grad_norm)
+  optimizer = make_optimizer(config)
   state = init_state(model, sysm.featurizer, optimizer, config.seed)
-  roles = sysm.space.roles
-  max_calls = sysm.mdp_cfg.max_calls(thinker=bool(roles.indices_of_kind("thinker")),
-                                     verifier=bool(roles.indices_of_kind("verifier")))
-  batch_size = batch_size_for(int(config.train.episodes_per_iter), max_calls, int(p.num_minibatches))
-  update = ppo.make_update_fn(model, optimizer, epochs=int(p.epochs), num_minibatches=int(p.num_minibatches),
-                              clip_eps=p.clip_eps, value_coef=p.value_coef, entropy_coef=p.entropy_coef,
-                              num_chunks=batch_size + 1)
+  update, batch_size = make_update(config, sysm, model, optimizer,
+                                   int(config.train.episodes_per_iter))
   # The history memory grows in every mode but inductive; only transductive sums its rows.
   transductive = config.model.history == "transductive"
   memory = config.model.history != "inductive"
@@ -312,10 +326,7 @@ def load_router(config, workdir, system: system_lib.System, *, best: bool = True
   Evaluate with the returned history for the transductive, summary and retrieval modes (they read
   it), None for inductive."""
   model = make_model(config, system.featurizer.spec)
-  p = config.ppo
-  optimizer = ppo.make_optimizer(learning_rate=p.learning_rate, value_lr_multiplier=p.value_lr_multiplier,
-                                 max_grad_norm=p.max_grad_norm)
-  state = init_state(model, system.featurizer, optimizer, config.seed)
+  state = init_state(model, system.featurizer, make_optimizer(config), config.seed)
   history = history_lib.HistoryMemory(system.featurizer.spec.row_dim, system.space.size,
                                       capacity=int(config.model.history_capacity))
   ckpt = checkpoint_lib.Checkpointer(pathlib.Path(workdir) / "checkpoints")

@@ -131,17 +131,8 @@ def few_shot_update(config, system, model, params, history, n: int, seed: int):
       env, system.featurizer, runner, queries, key=jax.random.PRNGKey(seed + 7), greedy=False,
       history=history, grow_history=history is not None, seed_salt=("few-shot", seed)))
   p = config.ppo
-  roles = system.space.roles
-  max_calls = system.mdp_cfg.max_calls(thinker=bool(roles.indices_of_kind("thinker")),
-                                       verifier=bool(roles.indices_of_kind("verifier")))
-  batch_size = train_lib.batch_size_for(len(queries), max_calls, int(p.num_minibatches))
-  optimizer = ppo.make_optimizer(learning_rate=p.learning_rate,
-                                 value_lr_multiplier=p.value_lr_multiplier,
-                                 max_grad_norm=p.max_grad_norm)
-  update = ppo.make_update_fn(model, optimizer, epochs=int(p.epochs),
-                              num_minibatches=int(p.num_minibatches), clip_eps=p.clip_eps,
-                              value_coef=p.value_coef, entropy_coef=p.entropy_coef,
-                              num_chunks=batch_size + 1)
+  optimizer = train_lib.make_optimizer(config)
+  update, batch_size = train_lib.make_update(config, system, model, optimizer, len(queries))
   batch, hist_inputs = train_lib.build_batch(episodes, history, gamma=p.gamma,
                                              gae_lambda=p.gae_lambda, batch_size=batch_size,
                                              num_hubs=system.space.size)
