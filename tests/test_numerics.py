@@ -167,3 +167,25 @@ def test_policy_masks_invalid_actions():
   logits, _ = model.apply({"params": params}, jnp.ones((A, 6)), jnp.ones((3, F)), obs)
   probs = np.asarray(jax.nn.softmax(logits))
   assert (probs[~mask] == 0).all() and probs[mask].sum() == pytest.approx(1.0)
+
+
+def test_linear_lr_schedule_decays_both_learning_rates():
+  """Adam's first step moves each parameter by ~lr; after decay_steps it moves by lr * final."""
+  opt = ppo.make_optimizer(learning_rate=1e-2, value_lr_multiplier=2.0, max_grad_norm=1e9,
+                           decay_steps=10, final_fraction=0.25)
+  params = {"policy_mlp": jnp.zeros(3), "value_mlp": jnp.zeros(3)}
+  grads = {"policy_mlp": jnp.ones(3), "value_mlp": jnp.ones(3)}
+  state = opt.init(params)
+  steps = []
+  for _ in range(12):
+    updates, state = opt.update(grads, state, params)
+    steps.append((float(-updates["policy_mlp"][0]), float(-updates["value_mlp"][0])))
+  np.testing.assert_allclose(steps[0], (1e-2, 2e-2), rtol=1e-4)
+  np.testing.assert_allclose(steps[5], (1e-2 * (1 - 0.75 * 5 / 10), 2e-2 * (1 - 0.75 * 5 / 10)),
+                             rtol=1e-4)
+  np.testing.assert_allclose(steps[11], (2.5e-3, 5e-3), rtol=1e-4)   # held at the final fraction
+  const = ppo.make_optimizer(learning_rate=1e-2, value_lr_multiplier=2.0, max_grad_norm=1e9)
+  cstate = const.init(params)
+  for _ in range(12):
+    updates, cstate = const.update(grads, cstate, params)
+  np.testing.assert_allclose(float(-updates["policy_mlp"][0]), 1e-2, rtol=1e-4)

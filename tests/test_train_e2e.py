@@ -94,6 +94,8 @@ def test_kill_9_then_rerun_resumes_and_finishes(reference_run, tmp_path):
     ("--config.ppo.clip_eps=2.0", "clip_eps"),
     ("--config.data.tasks=chess", "unknown simulated task 'chess'"),
     ("--config.model.history=sometimes", "config.model.history"),
+    ("--config.ppo.lr_schedule=cosine", "unknown ppo.lr_schedule 'cosine'"),
+    ("--config.ppo.lr_final_fraction=1.5", "lr_final_fraction"),
 ])
 def test_bad_config_exits_2_with_one_message(tmp_path, flag, message):
   out = subprocess.run(_train_cmd(tmp_path) + [flag], cwd=REPO, capture_output=True, text=True,
@@ -129,3 +131,33 @@ def test_no_retrace_as_history_grows_within_a_bucket():
     runner.set_params(state.params, history)
     sizes.append(len(history))
   assert sizes[0] < sizes[-1] <= history_lib.MIN_BUCKET
+
+
+def test_linear_lr_schedule_resumes_exactly(tmp_path, monkeypatch):
+  """With ppo.lr_schedule=linear the schedule's step count is part of the checkpointed optimizer
+  state: a run interrupted after two iterations and resumed gives the uninterrupted run's metrics."""
+  cfg = test_config.get_config()
+  cfg.ppo.lr_schedule = "linear"
+  cfg.ppo.lr_final_fraction = 0.1
+  train_lib.train(cfg, tmp_path / "whole", verbose=False)
+  real = rollout.run_episodes
+  calls = []
+
+  def interrupted(*args, **kwargs):
+    calls.append(1)
+    if len(calls) == 3:
+      raise KeyboardInterrupt("simulated interruption")
+    return real(*args, **kwargs)
+  monkeypatch.setattr(rollout, "run_episodes", interrupted)
+  with pytest.raises(KeyboardInterrupt):
+    train_lib.train(cfg, tmp_path / "resumed", verbose=False)
+  monkeypatch.setattr(rollout, "run_episodes", real)
+  assert len(metrics(tmp_path / "resumed")) == 2
+  train_lib.train(cfg, tmp_path / "resumed", verbose=False)
+  assert metrics(tmp_path / "resumed") == metrics(tmp_path / "whole")
+  const = metrics(tmp_path / "whole")
+  cfg.ppo.lr_schedule = "constant"
+  train_lib.train(cfg, tmp_path / "constant", verbose=False)
+  # Same first rollout (same initial parameters); the decaying rate changes the updates.
+  assert metrics(tmp_path / "constant")[0]["episode_return"] == const[0]["episode_return"]
+  assert metrics(tmp_path / "constant")[0]["loss"] != const[0]["loss"]

@@ -58,6 +58,8 @@ def get_config() -> ml_collections.ConfigDict:
 
   c.ppo = ml_collections.ConfigDict()
   c.ppo.learning_rate = 3e-4       # paper
+  c.ppo.lr_schedule = "constant"   # "constant" or "linear" (decay over the run's gradient steps)
+  c.ppo.lr_final_fraction = 0.0    # linear: final lr as a fraction of learning_rate
   c.ppo.value_lr_multiplier = 2.0  # paper: value lr x2
   c.ppo.clip_eps = 0.2             # paper
   c.ppo.epochs = 4                 # paper

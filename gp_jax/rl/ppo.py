@@ -31,15 +31,25 @@ class TrainingState:
   update_step: jax.Array     # number of PPO updates applied
 
 
-def make_optimizer(*, learning_rate: float, value_lr_multiplier: float, max_grad_norm: float
+def make_optimizer(*, learning_rate: float, value_lr_multiplier: float, max_grad_norm: float,
+                   decay_steps: int = 0, final_fraction: float = 1.0
                    ) -> optax.GradientTransformation:
-  """Adam with global-norm clipping; the value network learns `value_lr_multiplier` x faster."""
+  """Adam with global-norm clipping; the value network learns `value_lr_multiplier` x faster.
+
+  decay_steps > 0: both learning rates fall linearly to `final_fraction` of their initial value
+  over that many gradient steps (then stay there); 0 keeps them constant.
+  """
   def label(params):
     return {k: ("value" if k in VALUE_MODULES else "policy") for k in params}
+
+  def rate(lr):
+    if decay_steps <= 0:
+      return lr
+    return optax.linear_schedule(lr, lr * final_fraction, int(decay_steps))
   return optax.chain(
       optax.clip_by_global_norm(max_grad_norm),
-      optax.multi_transform({"policy": optax.adam(learning_rate),
-                             "value": optax.adam(learning_rate * value_lr_multiplier)}, label))
+      optax.multi_transform({"policy": optax.adam(rate(learning_rate)),
+                             "value": optax.adam(rate(learning_rate * value_lr_multiplier))}, label))
 
 
 def masked_log_softmax(logits):
