@@ -64,6 +64,22 @@ def aggregate(cells: list[dict]) -> dict[float, dict[str, dict]]:
   return dict(sorted(out.items()))
 
 
+def paired_gaps(cells: list[dict], of: str = "GraphPlanner") -> dict[float, dict[str, tuple]]:
+  """{alpha: {policy: (mean, std, wins, n)}}: reward of `of` minus the policy's, per seed (the
+  same test queries), on the 'all' domain; wins = seeds where `of` is at or above the policy."""
+  gaps = collections.defaultdict(lambda: collections.defaultdict(list))
+  for c in cells:
+    rew = {r["policy"]: float(r["reward"]) for r in c["rows"] if r["domain"] == "all"}
+    if of not in rew:
+      continue
+    for p, v in rew.items():
+      if p != of:
+        gaps[float(c["alpha"])][p].append(rew[of] - v)
+  return {a: {p: (float(np.mean(g)), float(np.std(g, ddof=1)) if len(g) > 1 else 0.0,
+                  int(sum(x >= 0 for x in g)), len(g)) for p, g in pols.items()}
+          for a, pols in sorted(gaps.items())}
+
+
 def _pm(t, digits=3) -> str:
   return f"{t[0]:.{digits}f} ± {t[1]:.{digits}f}"
 
@@ -93,6 +109,22 @@ def markdown(agg: dict, cells: list[dict], plot_name: str | None) -> str:
   for p in all_pols:
     out.append(f"| {p} | " + " | ".join(_pm(agg[a][p]["reward"]) if p in agg[a] else "-"
                                          for a in agg) + " |")
+  gaps = paired_gaps(cells)
+  if gaps:
+    alphas = list(gaps)
+    shown = _order({p for pols in gaps.values() for p in pols
+                    if not p.startswith(FIXED_LLM_PREFIX)})
+    out += ["", "## GraphPlanner minus each method, paired by seed", "",
+            "Reward of GraphPlanner minus the method's on the same test queries, mean ± std over "
+            "seeds, and in brackets the seeds where GraphPlanner is at or above it.", "",
+            "| method | " + " | ".join(f"alpha={a:g}" for a in alphas) + " |",
+            "|---|" + "---|" * len(alphas)]
+    for p in shown:
+      cols = []
+      for a in alphas:
+        g = gaps[a].get(p)
+        cols.append("-" if g is None else f"{g[0]:+.3f} ± {g[1]:.3f} ({g[2]}/{g[3]})")
+      out.append(f"| {p} | " + " | ".join(cols) + " |")
   for a, pols in agg.items():
     opt = pols.get(OPTIMUM, {}).get("reward", (math.nan,))[0]
     out += ["", f"## alpha = {a:g}", "",

@@ -216,7 +216,8 @@ def write_full_report(root: str | pathlib.Path, out: str | pathlib.Path) -> path
     md = sweep_report.markdown(agg, cells, png.name)
     parts += ["", md.replace("\n# ", "\n## ").replace("# Alpha sweep", "## Alpha sweep", 1)
               .replace("\n## alpha", "\n### alpha").replace("\n## Reward by", "\n### Reward by")
-              .replace("\n## LLMs chosen", "\n### LLMs chosen")]
+              .replace("\n## LLMs chosen", "\n### LLMs chosen")
+              .replace("\n## GraphPlanner minus", "\n### GraphPlanner minus")]
     found = True
   studies = root / "studies"
   for name in list(TITLES) + sorted(p.name for p in studies.glob("*") if p.name not in TITLES):

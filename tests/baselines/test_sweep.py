@@ -4,6 +4,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from experiments.configs import sweep as sweep_config
@@ -84,6 +85,25 @@ def test_report_aggregates_over_seeds(tmp_path):
   assert m["reward"][0] == pytest.approx(0.5)
   assert m["reward"][1] == pytest.approx(0.3605551, rel=1e-5)   # sample std of 0.2, 0.4, 0.9
   assert m["exp_accuracy"][0] == pytest.approx(0.5 + 0.5 * 1.0)
+
+
+def test_paired_gaps_compare_within_each_seed(tmp_path):
+  def row(p, r):
+    return dict(policy=p, domain="all", n=2, accuracy=r, cost=0.0, reward=r, calls=1.0)
+  # GraphPlanner wins seed 0 by 0.1 and loses seed 1 by 0.05; the other method's spread over seeds
+  # (0.2 vs 0.8) does not enter the paired gap.
+  for seed, (gp, other) in enumerate(((0.3, 0.2), (0.75, 0.8))):
+    d = tmp_path / f"alpha0.5_seed{seed}"
+    d.mkdir()
+    (d / "cell.json").write_text(json.dumps(dict(alpha=0.5, seed=seed, simulated=True, n_train=1,
+                                                 n_test=2, llms=["m"],
+                                                 rows=[row("GraphPlanner", gp), row("q", other)])))
+  cells = report.load_cells(tmp_path)
+  mean, std, wins, n = report.paired_gaps(cells)[0.5]["q"]
+  assert (mean, wins, n) == (pytest.approx(0.025), 1, 2)
+  assert std == pytest.approx(np.std([0.1, -0.05], ddof=1))
+  text = report.markdown(report.aggregate(cells), cells, None)
+  assert "| q | +0.025 ± 0.106 (1/2) |" in text
 
 
 def test_bad_inputs_fail_cleanly(tmp_path):
