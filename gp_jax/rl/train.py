@@ -178,7 +178,7 @@ def make_optimizer(config):
     decay_steps = max(1, iters * int(p.epochs) * int(p.num_minibatches))
   return ppo.make_optimizer(learning_rate=p.learning_rate, value_lr_multiplier=p.value_lr_multiplier,
                             max_grad_norm=p.max_grad_norm, decay_steps=decay_steps,
-                            final_fraction=float(p.get("lr_final_fraction", 1.0)))
+                            final_fraction=float(p.get("lr_final_fraction", 0.0)))
 
 
 def make_update(config, system: system_lib.System, model, optimizer, episodes: int):
