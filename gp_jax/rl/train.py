@@ -164,20 +164,25 @@ def init_state(model, featurizer, optimizer, seed: int) -> ppo.TrainingState:
                            update_step=jnp.zeros((), jnp.int32))
 
 
+def _lr_decay_steps(config) -> int:
+  """Gradient steps of the linear lr decay (0 = constant rate); an unknown schedule is a ConfigError."""
+  p = config.ppo
+  schedule = p.get("lr_schedule", "constant")
+  if schedule not in LR_SCHEDULES:
+    raise errors.unknown_name("ppo.lr_schedule", schedule, LR_SCHEDULES)
+  if schedule == "constant":
+    return 0
+  iters = math.ceil(config.train.episodes / config.train.episodes_per_iter)
+  return max(1, iters * int(p.epochs) * int(p.num_minibatches))
+
+
 def make_optimizer(config):
   """The PPO optimizer of config.ppo (Adam, value lr multiplier, global-norm clipping, and with
   ppo.lr_schedule = "linear" a linear decay to ppo.lr_final_fraction over the run's gradient steps:
   ceil(train.episodes / train.episodes_per_iter) x epochs x num_minibatches)."""
   p = config.ppo
-  schedule = p.get("lr_schedule", "constant")
-  if schedule not in LR_SCHEDULES:
-    raise errors.unknown_name("ppo.lr_schedule", schedule, LR_SCHEDULES)
-  decay_steps = 0
-  if schedule == "linear":
-    iters = math.ceil(config.train.episodes / config.train.episodes_per_iter)
-    decay_steps = max(1, iters * int(p.epochs) * int(p.num_minibatches))
   return ppo.make_optimizer(learning_rate=p.learning_rate, value_lr_multiplier=p.value_lr_multiplier,
-                            max_grad_norm=p.max_grad_norm, decay_steps=decay_steps,
+                            max_grad_norm=p.max_grad_norm, decay_steps=_lr_decay_steps(config),
                             final_fraction=float(p.get("lr_final_fraction", 0.0)))
 
 
@@ -210,14 +215,13 @@ def _validate(config) -> None:
             (p.num_minibatches >= 1, "ppo.num_minibatches >= 1"), (0 < p.clip_eps < 1, "0 < ppo.clip_eps < 1"),
             (p.learning_rate > 0, "ppo.learning_rate > 0"), (0 <= p.gamma <= 1, "0 <= ppo.gamma <= 1"),
             (0 <= p.gae_lambda <= 1, "0 <= ppo.gae_lambda <= 1"), (config.alpha >= 0, "alpha >= 0"),
-            (0 <= p.get("lr_final_fraction", 1.0) <= 1, "0 <= ppo.lr_final_fraction <= 1"),
+            (0 <= p.get("lr_final_fraction", 0.0) <= 1, "0 <= ppo.lr_final_fraction <= 1"),
             (config.model.history_capacity >= 0, "model.history_capacity >= 0"),
             (t.checkpoint_every >= 1, "train.checkpoint_every >= 1")]
   for ok, what in checks:
     if not ok:
       raise errors.ConfigError(f"invalid config: need {what}")
-  if p.get("lr_schedule", "constant") not in LR_SCHEDULES:
-    raise errors.unknown_name("ppo.lr_schedule", p.lr_schedule, LR_SCHEDULES)
+  _lr_decay_steps(config)
 
 
 def _progress(it: int, n_iters: int, rec: dict, t0: float) -> None:

@@ -155,6 +155,11 @@ def _short(value) -> str:
   return f"({len(text.split(','))} names)" if "," in text and len(text) > 40 else text
 
 
+def _demote(md: str) -> str:
+  """Every markdown heading one level deeper (the sweep report becomes a section)."""
+  return "\n".join("#" + line if line.startswith("#") else line for line in md.split("\n"))
+
+
 def study_markdown(name: str, cells: list[dict], figure: str | None) -> str:
   variants, refs = summarize_study(cells)
   c0 = cells[0]
@@ -214,10 +219,7 @@ def write_full_report(root: str | pathlib.Path, out: str | pathlib.Path) -> path
     png = out.with_name(f"{stem}_pareto.png")
     sweep_report.plot(agg, png)
     md = sweep_report.markdown(agg, cells, png.name)
-    parts += ["", md.replace("\n# ", "\n## ").replace("# Alpha sweep", "## Alpha sweep", 1)
-              .replace("\n## alpha", "\n### alpha").replace("\n## Reward by", "\n### Reward by")
-              .replace("\n## LLMs chosen", "\n### LLMs chosen")
-              .replace("\n## GraphPlanner minus", "\n### GraphPlanner minus")]
+    parts += ["", _demote(md)]
     found = True
   studies = root / "studies"
   for name in list(TITLES) + sorted(p.name for p in studies.glob("*") if p.name not in TITLES):
