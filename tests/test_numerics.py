@@ -189,3 +189,12 @@ def test_linear_lr_schedule_decays_both_learning_rates():
   for _ in range(12):
     updates, cstate = const.update(grads, cstate, params)
   np.testing.assert_allclose(float(-updates["policy_mlp"][0]), 1e-2, rtol=1e-4)
+
+
+@pytest.mark.parametrize("jit", [True, False])
+def test_linear_entropy_schedule(jit):
+  """The entropy coefficient falls linearly over decay_updates updates, then holds; 0 = constant."""
+  fn = jax.jit(ppo.entropy_coefficient, static_argnums=(1, 2, 3)) if jit else ppo.entropy_coefficient
+  got = [float(fn(jnp.int32(k), 0.04, 10, 0.25)) for k in (0, 5, 10, 30)]
+  np.testing.assert_allclose(got, [0.04, 0.04 * (1 - 0.75 * 0.5), 0.01, 0.01], rtol=1e-6)
+  assert float(fn(jnp.int32(7), 0.04, 0, 0.25)) == pytest.approx(0.04)

@@ -96,6 +96,8 @@ def test_kill_9_then_rerun_resumes_and_finishes(reference_run, tmp_path):
     ("--config.model.history=sometimes", "config.model.history"),
     ("--config.ppo.lr_schedule=cosine", "unknown ppo.lr_schedule 'cosine'"),
     ("--config.ppo.lr_final_fraction=1.5", "lr_final_fraction"),
+    ("--config.ppo.entropy_schedule=step", "unknown ppo.entropy_schedule 'step'"),
+    ("--config.ppo.entropy_final_fraction=-1", "entropy_final_fraction"),
 ])
 def test_bad_config_exits_2_with_one_message(tmp_path, flag, message):
   out = subprocess.run(_train_cmd(tmp_path) + [flag], cwd=REPO, capture_output=True, text=True,
@@ -133,13 +135,21 @@ def test_no_retrace_as_history_grows_within_a_bucket():
   assert sizes[0] < sizes[-1] <= history_lib.MIN_BUCKET
 
 
-def test_linear_lr_schedule_resumes_exactly(tmp_path, monkeypatch):
+def test_linear_schedules_resume_exactly(tmp_path, monkeypatch):
   """With ppo.lr_schedule=linear the schedule's step count is part of the checkpointed optimizer
-  state: a run interrupted after two iterations and resumed gives the uninterrupted run's metrics."""
+  state, and with ppo.entropy_schedule=linear the coefficient follows the checkpointed update
+  count: a run interrupted after two iterations and resumed gives the uninterrupted run's metrics."""
   cfg = test_config.get_config()
   cfg.ppo.lr_schedule = "linear"
   cfg.ppo.lr_final_fraction = 0.1
+  cfg.ppo.entropy_coef = 0.02
+  cfg.ppo.entropy_schedule = "linear"
+  cfg.ppo.entropy_final_fraction = 0.5
   train_lib.train(cfg, tmp_path / "whole", verbose=False)
+  n_updates = -(-cfg.train.episodes // cfg.train.episodes_per_iter)
+  np.testing.assert_allclose([m["entropy_coef"] for m in metrics(tmp_path / "whole")],
+                             [0.02 * (1 - 0.5 * k / n_updates) for k in range(n_updates)],
+                             rtol=1e-6)
   real = rollout.run_episodes
   calls = []
 
@@ -157,7 +167,10 @@ def test_linear_lr_schedule_resumes_exactly(tmp_path, monkeypatch):
   assert metrics(tmp_path / "resumed") == metrics(tmp_path / "whole")
   const = metrics(tmp_path / "whole")
   cfg.ppo.lr_schedule = "constant"
+  cfg.ppo.entropy_schedule = "constant"
   train_lib.train(cfg, tmp_path / "constant", verbose=False)
+  assert [m["entropy_coef"] for m in metrics(tmp_path / "constant")] == pytest.approx(
+      [0.02] * n_updates)
   # Same first rollout (same initial parameters); the decaying rate changes the updates.
   assert metrics(tmp_path / "constant")[0]["episode_return"] == const[0]["episode_return"]
   assert metrics(tmp_path / "constant")[0]["loss"] != const[0]["loss"]

@@ -68,6 +68,8 @@ def get_config() -> ml_collections.ConfigDict:
   c.ppo.gae_lambda = 0.95
   c.ppo.max_grad_norm = 0.5        # paper
   c.ppo.entropy_coef = 0.001       # small: the greedy router needs a sharp policy
+  c.ppo.entropy_schedule = "constant"   # "constant" or "linear" (decay over the run's PPO updates)
+  c.ppo.entropy_final_fraction = 0.0    # linear: final coefficient as a fraction of entropy_coef
   c.ppo.value_coef = 0.5
   c.ppo.entropy_stop = 0.05        # stop when mean policy entropy falls below this
 

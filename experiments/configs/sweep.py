@@ -19,7 +19,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c = default.get_config()
     c.llms = ("qwen2.5-7b-instruct,llama-3.1-8b-instruct,gemma-2-9b-it,llama3-chatqa-1.5-70b,"
               "llama-3.3-nemotron-super-49b-v1")   # five of the nine training LLMs, cheap to large
-    c.data.n_train = 400           # training queries (GraphPlanner and the routers' labels)
+    # Training queries of every method (GraphPlanner, Router-R1-style, the routers' labels). With
+    # 400, 12,000 episodes revisit each query 30 times and GraphPlanner fits per-query noise of
+    # the planners' sub-questions (docs/experiments.md, "GraphPlanner's PPO settings in the sweep").
+    c.data.n_train = 3000
     c.data.n_test = 150            # held-out test queries of every method
     c.text.dim = 128               # hashing width
     c.model.mem_proj = 32
@@ -29,9 +32,12 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
     c.train.parallel = 64
     c.train.checkpoint_every = 4
   # PPO for the sweep (docs/experiments.md, "GraphPlanner's PPO settings in the sweep"): a larger
-  # entropy bonus and a learning rate decaying linearly to 0 over the run; with the paper's constant
-  # 3e-4 and entropy 0.001 the router settled on worse planner/summarizer LLMs at alpha >= 0.1.
+  # entropy bonus, and both it and the learning rate decaying linearly to 0 over the run; with the
+  # paper's constant 3e-4 and entropy 0.001 the router settled on worse planner/summarizer LLMs at
+  # alpha >= 0.1.
   c.ppo.entropy_coef = 0.03
+  c.ppo.entropy_schedule = "linear"
+  c.ppo.entropy_final_fraction = 0.0
   c.ppo.lr_schedule = "linear"
   c.ppo.lr_final_fraction = 0.0
   c.eval.baselines = True

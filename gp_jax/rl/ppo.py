@@ -129,24 +129,36 @@ def forward_batch(model, params, hub_features, hist, batch, num_chunks: int):
   return jax.vmap(one)(batch["obs"], sums, count)
 
 
+def entropy_coefficient(step, coef: float, decay_updates: int, final_fraction: float):
+  """Entropy coefficient of PPO update `step` (0-based): `coef` when decay_updates <= 0, else a
+  linear fall to coef x final_fraction at step decay_updates, held there afterwards."""
+  if decay_updates <= 0:
+    return jnp.asarray(coef, jnp.float32)
+  frac = jnp.minimum(jnp.asarray(step, jnp.float32) / float(decay_updates), 1.0)
+  return coef * (1.0 - (1.0 - final_fraction) * frac)
+
+
 def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransformation, *,
                    epochs: int, num_minibatches: int, clip_eps: float, value_coef: float,
-                   entropy_coef: float, num_chunks: int, max_traces: int | None = None):
+                   entropy_coef: float, num_chunks: int, max_traces: int | None = None,
+                   entropy_decay_updates: int = 0, entropy_final_fraction: float = 1.0):
   """Returns update(state, hub_features, hist, batch) -> (state, metrics), jitted once per shape.
 
   batch: dict of arrays with leading dim N (a multiple of num_minibatches): obs (dict), actions,
   old_logp, advantages, returns, weights, hist_chunk [N], hist_count [N, A].
   hist: rows [H, F], segment [H] from HistoryMemory.update_inputs(..., num_chunks); in the
   summary ablation also summary [A, D] (PolicyRunner.history_input_array of the iteration).
+  entropy_decay_updates > 0: update k (state.update_step) uses the entropy coefficient
+  entropy_coef x (1 - (1 - entropy_final_fraction) x min(k / entropy_decay_updates, 1)).
   """
-  loss_kw = dict(clip_eps=clip_eps, value_coef=value_coef, entropy_coef=entropy_coef)
+  loss_kw = dict(clip_eps=clip_eps, value_coef=value_coef)
 
-  def loss_fn(params, hub_features, hist, mb):
+  def loss_fn(params, hub_features, hist, mb, ent_coef):
     logits, values = forward_batch(model, params, hub_features, hist, mb, num_chunks)
     w = mb["weights"]
     adv = mb["advantages"]
     return ppo_loss(logits, values, mb["actions"], mb["old_logp"], adv, mb["returns"],
-                    mb["obs"]["mask"], w, **loss_kw)
+                    mb["obs"]["mask"], w, entropy_coef=ent_coef, **loss_kw)
 
   def update(state: TrainingState, hub_features, hist, batch):
     n = batch["actions"].shape[0]
@@ -156,6 +168,8 @@ def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransforma
     mean = jnp.sum(batch["advantages"] * w) / jnp.maximum(w.sum(), 1)
     std = jnp.sqrt(jnp.sum(jnp.square(batch["advantages"] - mean) * w) / jnp.maximum(w.sum(), 1))
     batch = dict(batch, advantages=(batch["advantages"] - mean) / (std + 1e-8))
+    ent_coef = entropy_coefficient(state.update_step, entropy_coef, entropy_decay_updates,
+                                   entropy_final_fraction)
 
     def epoch(carry, key):
       params, opt_state = carry
@@ -164,7 +178,8 @@ def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransforma
 
       def minibatch(carry, mb):
         params, opt_state = carry
-        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, hub_features, hist, mb)
+        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, hub_features, hist, mb,
+                                                                   ent_coef)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         metrics["grad_norm"] = optax.global_norm(grads)
@@ -178,6 +193,7 @@ def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransforma
                                                 jax.random.split(key, epochs))
     metrics = jax.tree_util.tree_map(jnp.mean, metrics)
     metrics["param_norm"] = optax.global_norm(params)
+    metrics["entropy_coef"] = ent_coef
     return TrainingState(params, opt_state, rng, state.update_step + 1), metrics
 
   if max_traces is not None:   # tests: fail loudly if anything retraces

@@ -103,7 +103,7 @@ class MetricsLog:
 
 
 HISTORY_MODES = ("transductive", "inductive", "summary", "retrieval")
-LR_SCHEDULES = ("constant", "linear")
+SCHEDULES = ("constant", "linear")   # ppo.lr_schedule and ppo.entropy_schedule
 
 
 def make_model(config, spec: features_lib.FeatureSpec | None = None) -> garnet_lib.GARNet:
@@ -168,12 +168,23 @@ def _lr_decay_steps(config) -> int:
   """Gradient steps of the linear lr decay (0 = constant rate); an unknown schedule is a ConfigError."""
   p = config.ppo
   schedule = p.get("lr_schedule", "constant")
-  if schedule not in LR_SCHEDULES:
-    raise errors.unknown_name("ppo.lr_schedule", schedule, LR_SCHEDULES)
+  if schedule not in SCHEDULES:
+    raise errors.unknown_name("ppo.lr_schedule", schedule, SCHEDULES)
   if schedule == "constant":
     return 0
   iters = math.ceil(config.train.episodes / config.train.episodes_per_iter)
   return max(1, iters * int(p.epochs) * int(p.num_minibatches))
+
+
+def _entropy_decay_updates(config) -> int:
+  """PPO updates of the linear entropy-coefficient decay (0 = constant); an unknown schedule is a
+  ConfigError."""
+  schedule = config.ppo.get("entropy_schedule", "constant")
+  if schedule not in SCHEDULES:
+    raise errors.unknown_name("ppo.entropy_schedule", schedule, SCHEDULES)
+  if schedule == "constant":
+    return 0
+  return max(1, math.ceil(config.train.episodes / config.train.episodes_per_iter))
 
 
 def make_optimizer(config):
@@ -195,7 +206,9 @@ def make_update(config, system: system_lib.System, model, optimizer, episodes: i
   batch_size = batch_size_for(episodes, max_calls, int(p.num_minibatches))
   update = ppo.make_update_fn(model, optimizer, epochs=int(p.epochs), num_minibatches=int(p.num_minibatches),
                               clip_eps=p.clip_eps, value_coef=p.value_coef, entropy_coef=p.entropy_coef,
-                              num_chunks=batch_size + 1)
+                              num_chunks=batch_size + 1,
+                              entropy_decay_updates=_entropy_decay_updates(config),
+                              entropy_final_fraction=float(p.get("entropy_final_fraction", 0.0)))
   return update, batch_size
 
 
@@ -216,12 +229,14 @@ def _validate(config) -> None:
             (p.learning_rate > 0, "ppo.learning_rate > 0"), (0 <= p.gamma <= 1, "0 <= ppo.gamma <= 1"),
             (0 <= p.gae_lambda <= 1, "0 <= ppo.gae_lambda <= 1"), (config.alpha >= 0, "alpha >= 0"),
             (0 <= p.get("lr_final_fraction", 0.0) <= 1, "0 <= ppo.lr_final_fraction <= 1"),
+            (0 <= p.get("entropy_final_fraction", 0.0) <= 1, "0 <= ppo.entropy_final_fraction <= 1"),
             (config.model.history_capacity >= 0, "model.history_capacity >= 0"),
             (t.checkpoint_every >= 1, "train.checkpoint_every >= 1")]
   for ok, what in checks:
     if not ok:
       raise errors.ConfigError(f"invalid config: need {what}")
   _lr_decay_steps(config)
+  _entropy_decay_updates(config)
 
 
 def _progress(it: int, n_iters: int, rec: dict, t0: float) -> None:
