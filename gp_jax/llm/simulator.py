@@ -30,6 +30,12 @@ ceil(len/4) tokens, so counts add up over concatenation); output tokens are
 with a fixed jitter j in [0.85, 1.15] per (node, LLM, role). Texts never reveal correctness: a wrong
 answer is a different number of the same length. Sampling is deterministic given the messages and
 SamplingParams.seed, so runs replay exactly.
+Known limitation: two different sub-questions can get the same text (1 or 2 pairs among the
+7,600 to 9,100 nodes of one Router-R1-style training on the sweep's 3,000 training queries). The
+one registered second in the process is renamed "<text> (variant 2)", so which one is renamed
+depends on what the process simulated before. A run is deterministic given its command, but the
+same cell run alone, after other cells in one process, or resumed in a new process can come out
+differently once such a pair occurs (docs/experiments.md, "Runs in one process").
 """
 from __future__ import annotations
 
@@ -241,6 +247,7 @@ class SimWorld:
     return f"{phrase}: a {word} {kword}-step {noun} about {topic}: " + ", then ".join(steps) + "."
 
   def _register(self, info: NodeInfo) -> NodeInfo:
+    # Text collisions are renamed in registration order (the module docstring's known limitation).
     text = info.text
     n = 1
     while text in self.nodes and self.nodes[text].key != info.key:
