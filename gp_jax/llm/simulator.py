@@ -36,6 +36,10 @@ one registered second in the process is renamed "<text> (variant 2)", so which o
 depends on what the process simulated before. A run is deterministic given its command, but the
 same cell run alone, after other cells in one process, or resumed in a new process can come out
 differently once such a pair occurs (docs/experiments.md, "Runs in one process").
+SimWorld(unique_texts=True) (config data.sim_unique_texts) ends every sub-question's text with a tag
+derived from its key, " (ref <12 hex digits>)", so every text is a function of its key alone and no
+run depends on registration order. It is off by default because it changes every simulated number
+documented so far.
 """
 from __future__ import annotations
 
@@ -205,8 +209,10 @@ def load_profiles(catalog: catalog_lib.Catalog, path=SIM_FILE) -> dict[str, LLMP
 class SimWorld:
   """The simulated queries and every sub-question texts generated from them (latents registry)."""
 
-  def __init__(self, profiles: dict[str, LLMProfile]):
+  def __init__(self, profiles: dict[str, LLMProfile], unique_texts: bool = False):
+    """unique_texts: tag each sub-question's text with its key's digest (module docstring)."""
     self.profiles = profiles
+    self.unique_texts = unique_texts
     self.nodes: dict[str, NodeInfo] = {}      # text -> latents
     self.thoughts: dict[str, float] = {}     # thinker notes text -> tau
     self._children_cache: dict[tuple, list[NodeInfo]] = {}
@@ -277,6 +283,8 @@ class SimWorld:
       key = f"{node.key}/{planner}/{width}{'x' if exact else ''}/{i}"
       text = self._query_text(rng, phrase, node.domain, h, kc, "sub-question")
       gold = str(int(rng.integers(1000, 10000)))
+      if self.unique_texts:
+        text = f"{text} (ref {hashlib.blake2b(key.encode(), digest_size=6).hexdigest()})"
       kids.append(self._register(NodeInfo(key, node.task, node.domain, h, kc, gold, text)))
     self._children_cache[cache_key] = kids
     return kids
