@@ -47,11 +47,11 @@ def test_config_switch_reaches_the_workflow(unique):
   cfg.data.sim_unique_texts = unique
   system = system_lib.build(cfg)
   env = system.env(0.0)
-  plan_first = policies.single_llm_policy(system.space, system.space.llms[0])
+  single = policies.single_llm_policy(system.space, system.space.llms[0])
   planner = system.space.encode("planner", system.space.llms[0])
 
   def plan_then_execute(query, state, mask, rng):
-    return planner if state.steps == 0 and mask[planner] else plan_first(query, state, mask, rng)
+    return planner if state.steps == 0 and mask[planner] else single(query, state, mask, rng)
 
   states = policies.run_policy(env, plan_then_execute, system.train_queries[:4], seed=0)
   subs = [c.input_text for s in states for c in s.calls if c.kind == "executor" and c.node != 0]

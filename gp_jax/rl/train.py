@@ -164,27 +164,29 @@ def init_state(model, featurizer, optimizer, seed: int) -> ppo.TrainingState:
                            update_step=jnp.zeros((), jnp.int32))
 
 
-def _lr_decay_steps(config) -> int:
-  """Gradient steps of the linear lr decay (0 = constant rate); an unknown schedule is a ConfigError."""
-  p = config.ppo
-  schedule = p.get("lr_schedule", "constant")
+def _linear(config, key: str) -> bool:
+  """Whether config.ppo.<key> (an lr or entropy schedule) is "linear"; unknown names: ConfigError."""
+  schedule = config.ppo.get(key, "constant")
   if schedule not in SCHEDULES:
-    raise errors.unknown_name("ppo.lr_schedule", schedule, SCHEDULES)
-  if schedule == "constant":
+    raise errors.unknown_name(f"ppo.{key}", schedule, SCHEDULES)
+  return schedule == "linear"
+
+
+def _num_updates(config) -> int:
+  """PPO updates (iterations) of the run."""
+  return max(1, math.ceil(config.train.episodes / config.train.episodes_per_iter))
+
+
+def _lr_decay_steps(config) -> int:
+  """Gradient steps of the linear lr decay (0 = constant rate)."""
+  if not _linear(config, "lr_schedule"):
     return 0
-  iters = math.ceil(config.train.episodes / config.train.episodes_per_iter)
-  return max(1, iters * int(p.epochs) * int(p.num_minibatches))
+  return _num_updates(config) * int(config.ppo.epochs) * int(config.ppo.num_minibatches)
 
 
 def _entropy_decay_updates(config) -> int:
-  """PPO updates of the linear entropy-coefficient decay (0 = constant); an unknown schedule is a
-  ConfigError."""
-  schedule = config.ppo.get("entropy_schedule", "constant")
-  if schedule not in SCHEDULES:
-    raise errors.unknown_name("ppo.entropy_schedule", schedule, SCHEDULES)
-  if schedule == "constant":
-    return 0
-  return max(1, math.ceil(config.train.episodes / config.train.episodes_per_iter))
+  """PPO updates of the linear entropy-coefficient decay (0 = constant)."""
+  return _num_updates(config) if _linear(config, "entropy_schedule") else 0
 
 
 def make_optimizer(config):
