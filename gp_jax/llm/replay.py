@@ -12,8 +12,9 @@ Modes:
               with these prompts or params: a misconfiguration, not a backend fault). No inner pool
               is needed.
 
-Safe with several writer processes: WAL journal, a busy timeout, and insert-if-absent, after which
-the stored row (whichever process wrote it first) is what every caller gets. Concurrent identical
+Safe with several writer processes: WAL journal (opened with retries, gp_jax/sqlite_wal.py), a
+busy timeout, and insert-if-absent, after which the stored row (whichever process wrote it first)
+is what every caller gets. Concurrent identical
 calls in one process share one inner call.
 """
 from __future__ import annotations
@@ -30,6 +31,7 @@ import time
 from typing import Sequence
 
 from gp_jax import errors
+from gp_jax import sqlite_wal
 from gp_jax.llm import base
 
 MODES = ("off", "read-write", "read-only")
@@ -106,10 +108,7 @@ class ReplayPool(base.LLMPool):
                                    timeout=busy_timeout_s)
       else:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._db = sqlite3.connect(str(self.path), check_same_thread=False, timeout=busy_timeout_s)
-        self._db.execute("PRAGMA journal_mode=WAL")
-        self._db.execute(_SCHEMA)
-        self._db.commit()
+        self._db = sqlite_wal.open_wal(self.path, [_SCHEMA], timeout_s=busy_timeout_s)
       self._db.execute("SELECT key, completion, ok FROM completions LIMIT 1").fetchall()
     except sqlite3.DatabaseError as e:
       raise errors.ConfigError(f"replay cache {self.path} is not a replay database ({e})") from None

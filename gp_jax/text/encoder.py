@@ -9,7 +9,6 @@ import abc
 import hashlib
 import pathlib
 import re
-import sqlite3
 import threading
 import zlib
 from typing import Callable, Sequence
@@ -17,6 +16,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from gp_jax import errors
+from gp_jax import sqlite_wal
 
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 
@@ -85,11 +85,9 @@ class CachedEncoder(TextEncoder):
     if path is not None:
       path = pathlib.Path(path)
       path.parent.mkdir(parents=True, exist_ok=True)
-      self._db = sqlite3.connect(str(path), check_same_thread=False)
-      self._db.execute("PRAGMA journal_mode=WAL")
-      self._db.execute("CREATE TABLE IF NOT EXISTS emb (encoder TEXT, key TEXT, vec BLOB, "
-                       "PRIMARY KEY (encoder, key))")
-      self._db.commit()
+      self._db = sqlite_wal.open_wal(
+          path, ["CREATE TABLE IF NOT EXISTS emb (encoder TEXT, key TEXT, vec BLOB, "
+                 "PRIMARY KEY (encoder, key))"])
     self.hits = 0
     self.misses = 0
 
