@@ -117,7 +117,7 @@ def build(config, *, pool: base.LLMPool | None = None) -> System:
   world = None
   if config.data.source == "simulated":
     world = sim.SimWorld(sim.load_profiles(catalog),
-                         unique_texts=bool(config.data.get("sim_unique_texts", False)))
+                         unique_texts=bool(config.data.get("sim_unique_texts", True)))
     tasks = {"seen": sim.SEEN_TASKS, "unseen": sim.UNSEEN_TASKS,
              "all": list(sim.TASKS)}.get(config.data.tasks) or _names(config.data.tasks, "data.tasks")
     test_tasks = ({"seen": sim.SEEN_TASKS, "unseen": sim.UNSEEN_TASKS, "all": list(sim.TASKS)}

@@ -34,9 +34,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.test_tasks = ""           # "" = same as tasks
   c.data.n_train = 1000            # training queries (simulated) / cap on file rows (0 = all)
   c.data.n_test = 300              # held-out test queries
-  # Simulated only: tag each sub-question's text with its key, so results never depend on what the
-  # process simulated before (gp_jax/llm/simulator.py, known limitation). Off: the documented runs.
-  c.data.sim_unique_texts = False
+  # Simulated only: end each sub-question's text with a tag derived from its key, so no result
+  # depends on what the process simulated before (gp_jax/llm/simulator.py). False restores the
+  # untagged texts, whose rare collisions are renamed in registration order.
+  c.data.sim_unique_texts = True
   c.data.train_file = ""
   c.data.test_file = ""
 

@@ -30,16 +30,14 @@ ceil(len/4) tokens, so counts add up over concatenation); output tokens are
 with a fixed jitter j in [0.85, 1.15] per (node, LLM, role). Texts never reveal correctness: a wrong
 answer is a different number of the same length. Sampling is deterministic given the messages and
 SamplingParams.seed, so runs replay exactly.
-Known limitation: two different sub-questions can get the same text (1 or 2 pairs among the
-7,600 to 9,100 nodes of one Router-R1-style training on the sweep's 3,000 training queries). The
-one registered second in the process is renamed "<text> (variant 2)", so which one is renamed
-depends on what the process simulated before. A run is deterministic given its command, but the
-same cell run alone, after other cells in one process, or resumed in a new process can come out
-differently once such a pair occurs (docs/experiments.md, "Runs in one process").
-SimWorld(unique_texts=True) (config data.sim_unique_texts) ends every sub-question's text with a tag
-derived from its key, " (ref <12 hex digits>)", so every text is a function of its key alone and no
-run depends on registration order. It is off by default because it changes every simulated number
-documented so far.
+Sub-question texts are unique by construction: each one ends with a tag derived from its key,
+" (ref <12 hex digits>)", so a text is a function of its key alone and no run depends on what the
+process simulated before. SimWorld(unique_texts=False) (config data.sim_unique_texts=False) drops
+the tag; two different sub-questions can then get the same text (1 or 2 pairs among the 7,600 to
+9,100 nodes of one Router-R1-style training on the sweep's 3,000 training queries), and the one
+registered second in the process is renamed "<text> (variant 2)". Which one is renamed then
+depends on the order of simulation, so the same cell run alone, after other cells in one process,
+or resumed in a new process could come out differently (docs/simulator.md).
 """
 from __future__ import annotations
 
@@ -209,8 +207,8 @@ def load_profiles(catalog: catalog_lib.Catalog, path=SIM_FILE) -> dict[str, LLMP
 class SimWorld:
   """The simulated queries and every sub-question texts generated from them (latents registry)."""
 
-  def __init__(self, profiles: dict[str, LLMProfile], unique_texts: bool = False):
-    """unique_texts: tag each sub-question's text with its key's digest (module docstring)."""
+  def __init__(self, profiles: dict[str, LLMProfile], unique_texts: bool = True):
+    """unique_texts: end each sub-question's text with its key's digest (module docstring)."""
     self.profiles = profiles
     self.unique_texts = unique_texts
     self.nodes: dict[str, NodeInfo] = {}      # text -> latents
@@ -253,7 +251,8 @@ class SimWorld:
     return f"{phrase}: a {word} {kword}-step {noun} about {topic}: " + ", then ".join(steps) + "."
 
   def _register(self, info: NodeInfo) -> NodeInfo:
-    # Text collisions are renamed in registration order (the module docstring's known limitation).
+    # Colliding texts are renamed in registration order (only untagged texts collide: see the
+    # module docstring).
     text = info.text
     n = 1
     while text in self.nodes and self.nodes[text].key != info.key:
