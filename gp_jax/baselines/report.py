@@ -154,7 +154,7 @@ def plot(agg: dict, path: pathlib.Path) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
 
-  fig, ax = plt.subplots(figsize=(8, 5.5))
+  fig, ax = plt.subplots(figsize=(10, 5.5))
   alphas = list(agg)
   pols = _order({p for ps in agg.values() for p in ps})
   # tab20 without its reds and greys (GraphPlanner and the single LLMs use those).
@@ -183,15 +183,17 @@ def plot(agg: dict, path: pathlib.Path) -> None:
                    ls="-." if p.startswith(MULTI_PREFIX) else "-")
       k += 1
     ax.errorbar(x, y, xerr=xe, yerr=ye, capsize=2, **style)
-    if p in (OPTIMUM, "GraphPlanner"):
+    if p in (OPTIMUM, "GraphPlanner"):   # optimum labels above-left, GraphPlanner's below-right
+      offset, align = ((-6, 5), "right") if p == OPTIMUM else ((6, -10), "left")
       for (a, _), xi, yi in zip(pts, x, y):
-        ax.annotate(f"α={a:g}", (xi, yi), fontsize=7, xytext=(4, 4), textcoords="offset points")
+        ax.annotate(f"α={a:g}", (xi, yi), fontsize=7, xytext=offset, textcoords="offset points",
+                    ha=align)
   ax.set_xscale("log")
   ax.set_xlabel("cost per query (milli-dollars, log scale)")
   ax.set_ylabel("expected accuracy E[U]")
   ax.set_title("Accuracy vs cost over alpha (mean ± std over seeds); grey squares: single LLMs")
   ax.grid(alpha=0.3)
-  ax.legend(fontsize=7, loc="lower right")
+  ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))   # outside: no label hidden
   fig.tight_layout()
   fig.savefig(path, dpi=130)
   plt.close(fig)
