@@ -80,6 +80,34 @@ def paired_gaps(cells: list[dict], of: str = "GraphPlanner") -> dict[float, dict
           for a, pols in sorted(gaps.items())}
 
 
+# Two-sided 95% critical values of Student's t for 1..30 degrees of freedom (standard tables).
+_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
+         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
+         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
+
+
+def t_critical_95(dof: int) -> float:
+  """Two-sided 95% critical value of Student's t (beyond 30 d.o.f. within 0.003 of the exact)."""
+  if dof < 1:
+    raise ValueError(f"need at least 1 degree of freedom, got {dof}")
+  return _T975[dof - 1] if dof <= 30 else 1.96 + 2.46 / dof
+
+
+def closest_gaps(gaps: dict[float, dict[str, tuple]]) -> dict[float, tuple]:
+  """{alpha: (method, mean, low, high, n)}: the baseline with the smallest mean paired gap (the
+  optimum and the single LLMs aside) and the 95% t interval of that mean (n >= 2 seeds)."""
+  out = {}
+  for a, pols in gaps.items():
+    rivals = {p: g for p, g in pols.items()
+              if p != OPTIMUM and not p.startswith(FIXED_LLM_PREFIX) and g[3] >= 2}
+    if rivals:
+      p = min(rivals, key=lambda k: rivals[k][0])
+      mean, std, _, n = rivals[p]
+      half = t_critical_95(n - 1) * std / math.sqrt(n)
+      out[a] = (p, mean, mean - half, mean + half, n)
+  return out
+
+
 def _pm(t, digits=3) -> str:
   return f"{t[0]:.{digits}f} ± {t[1]:.{digits}f}"
 
@@ -125,6 +153,15 @@ def markdown(agg: dict, cells: list[dict], plot_name: str | None) -> str:
         g = gaps[a].get(p)
         cols.append("-" if g is None else f"{g[0]:+.3f} ± {g[1]:.3f} ({g[2]}/{g[3]})")
       out.append(f"| {p} | " + " | ".join(cols) + " |")
+    closest = closest_gaps(gaps)
+    if closest:
+      out += ["", "Closest baseline at each alpha: the mean paired gap and its 95% confidence "
+              "interval (Student's t over seeds). An interval that contains 0 means the seeds do "
+              "not separate the two methods.", "",
+              "| alpha | closest baseline | GraphPlanner minus it | 95% interval | seeds |",
+              "|---|---|---|---|---|"]
+      for a, (p, mean, lo, hi, n) in closest.items():
+        out.append(f"| {a:g} | {p} | {mean:+.3f} | [{lo:+.3f}, {hi:+.3f}] | {n} |")
   for a, pols in agg.items():
     opt = pols.get(OPTIMUM, {}).get("reward", (math.nan,))[0]
     out += ["", f"## alpha = {a:g}", "",
