@@ -104,9 +104,9 @@ def test_paired_gaps_compare_within_each_seed(tmp_path):
   assert std == pytest.approx(np.std([0.1, -0.05], ddof=1))
   text = report.markdown(report.aggregate(cells), cells, None)
   assert "| q | +0.025 ± 0.106 (1/2) |" in text
-  # Two seeds: 1 degree of freedom, t = 12.706; q is the only rival, so it is the closest.
+  # Two seeds: 1 degree of freedom, t = 12.706; q is the only rival, so it is the strongest.
   half = 12.706 * np.std([0.1, -0.05], ddof=1) / np.sqrt(2)
-  name, m, lo, hi, n = report.closest_gaps(report.paired_gaps(cells))[0.5]
+  name, m, lo, hi, n = report.strongest_gaps(report.paired_gaps(cells))[0.5]
   assert (name, n) == ("q", 2) and (lo, hi) == (pytest.approx(0.025 - half), pytest.approx(0.025 + half))
   assert f"| 0.5 | q | +0.025 | [{0.025 - half:+.3f}, {0.025 + half:+.3f}] | 2 |" in text
 
