@@ -14,8 +14,7 @@ Modes:
 
 Safe with several writer processes: WAL journal (opened with retries, gp_jax/sqlite_wal.py), a
 busy timeout, and insert-if-absent, after which the stored row (whichever process wrote it first)
-is what every caller gets. Concurrent identical
-calls in one process share one inner call.
+is what every caller gets. Concurrent identical calls in one process share one inner call.
 """
 from __future__ import annotations
 
