@@ -1,13 +1,15 @@
 """The alpha sweep: GraphPlanner against every baseline at each alpha and seed, resumably.
 
 Layout of a sweep workdir:
+  config.json                 the config the sweep was run with (gp_jax/workdir_config.py); a
+                              rerun with other values than the grid's is refused
   labels_seed<S>.npz          single-round router training labels of seed S (alpha-independent)
-The multi-round routers (gp_jax/baselines/multi_round.py) are fitted once per seed (Router-R1 is
-trained per cell, at the cell's alpha) and evaluated in every cell next to the single-round ones.
   alpha<A>_seed<S>/graphplanner/  GraphPlanner checkpoints and metrics of that cell
   alpha<A>_seed<S>/cell.json  evaluation rows of every method on the cell's test queries
 A cell whose cell.json exists is finished and skipped on a rerun; an interrupted GraphPlanner run
-resumes from its latest checkpoint.
+resumes from its latest checkpoint. The multi-round routers (gp_jax/baselines/multi_round.py) are
+fitted once per seed (Router-R1 is trained per cell, at the cell's alpha) and evaluated in every
+cell next to the single-round ones.
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ import time
 from gp_jax import errors
 from gp_jax import evaluation
 from gp_jax import system as system_lib
+from gp_jax import workdir_config
 from gp_jax.baselines import labels as labels_lib
 from gp_jax.baselines import multi_round
 from gp_jax.baselines import single_round
@@ -116,7 +119,9 @@ def run_sweep(config, workdir: str | pathlib.Path, *, alphas: list[float], seeds
     multi_round.make_multi_router(name, **(multi_kwargs or {}))
   _check_router_llm(config, (multi_kwargs or {}).get("router_llm", ""))
   workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
+  # Every cell of a workdir comes from one config; the grid may grow between reruns.
+  workdir_config.check_or_record(workdir, config, ignore=("sweep.alphas", "sweep.seeds"),
+                                 what="sweep")
   t0 = time.time()
   ran, skipped = [], []
   for seed in seeds:

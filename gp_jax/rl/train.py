@@ -21,6 +21,7 @@ import numpy as np
 from gp_jax import aio
 from gp_jax import errors
 from gp_jax import system as system_lib
+from gp_jax import workdir_config
 from gp_jax.graph import features as features_lib
 from gp_jax.graph import garnet as garnet_lib
 from gp_jax.graph import history as history_lib
@@ -104,6 +105,8 @@ class MetricsLog:
 
 HISTORY_MODES = ("transductive", "inductive", "summary", "retrieval")
 SCHEDULES = ("constant", "linear")   # ppo.lr_schedule and ppo.entropy_schedule
+# Config fields a resumed training run may change (gp_jax/workdir_config.py).
+TRAIN_CONFIG_FREE = ("sweep", "study", "eval", "train.checkpoint_every")
 
 
 def make_model(config, spec: features_lib.FeatureSpec | None = None) -> garnet_lib.GARNet:
@@ -257,7 +260,9 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   make_model(config)   # config errors before anything is built
   enable_compile_cache(config.get("compile_cache", ""))
   workdir = pathlib.Path(workdir)
-  workdir.mkdir(parents=True, exist_ok=True)
+  # A resumed run must use the config its checkpoints were made with (the sweep's and studies'
+  # sections, evaluation switches and checkpoint spacing do not change what is trained).
+  workdir_config.check_or_record(workdir, config, ignore=TRAIN_CONFIG_FREE, what="training run")
   sysm = system or system_lib.build(config)
   env = sysm.env(float(config.alpha), reward=config.train.get("reward", "sampled"))
   model = make_model(config, sysm.featurizer.spec)

@@ -33,6 +33,7 @@ from gp_jax import aio
 from gp_jax import errors
 from gp_jax import evaluation
 from gp_jax import system as system_lib
+from gp_jax import workdir_config
 from gp_jax.baselines import labels as labels_lib
 from gp_jax.baselines import single_round
 from gp_jax.graph import history as history_lib
@@ -194,7 +195,9 @@ class StudyRunner:
       print(msg, file=sys.stderr, flush=True)
 
   def run(self, seeds: list[int]) -> dict:
-    self.workdir.mkdir(parents=True, exist_ok=True)
+    # Every cell of a study workdir comes from one config; more seeds may be added later.
+    workdir_config.check_or_record(self.workdir, self.config, ignore=("study.seeds",),
+                                   what=f"{self.study} study")
     t0 = time.time()
     ran, skipped = [], []
     for seed in seeds:

@@ -1,0 +1,96 @@
+"""The config a workdir was run with, recorded so that a rerun cannot mix two configs' results.
+
+Training, the alpha sweep and the studies resume: rerunning a command skips what is finished and
+continues what is not. Without a record, rerunning into the same workdir with another config
+(a different width, training-set size or PPO setting) would silently continue a checkpoint under
+new settings, or put cells of two configs into one report. `check_or_record` writes
+<workdir>/config.json on first use (flattened, dotted keys) and, on every later run, refuses a
+config that differs from it in any field that changes results, naming the fields, before anything
+is written.
+
+Fields that do not change results (caches, timeouts, server addresses) are never compared; each
+runner adds the fields it may legitimately vary (the sweep's grid, the study's seeds). A workdir
+made before this record existed has none: its first rerun records the config it is run with.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+
+from gp_jax import errors
+
+CONFIG_FILE = "config.json"
+# Never compared: where caches and servers are, how long to wait, whether replies are replayed.
+RUNTIME_FIELDS = ("compile_cache", "request_timeout_s", "endpoints_file", "replay", "text.cache")
+
+
+def flatten(config) -> dict:
+  """{dotted key: JSON value} of a ConfigDict (or nested dict); tuples become lists."""
+  tree = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+  out = {}
+
+  def walk(prefix, node):
+    for k, v in node.items():
+      key = f"{prefix}{k}"
+      if isinstance(v, dict):
+        walk(key + ".", v)
+      else:
+        out[key] = v
+
+  walk("", tree)
+  return json.loads(json.dumps(out, sort_keys=True))
+
+
+def _ignored(key: str, ignore) -> bool:
+  return any(key == p or key.startswith(p + ".") for p in ignore)
+
+
+def differences(recorded: dict, current: dict, ignore=()) -> list[tuple[str, object, object]]:
+  """(key, recorded value, current value) of every compared field that differs; a field that
+  one side lacks shows as "<absent>" there."""
+  ignore = tuple(RUNTIME_FIELDS) + tuple(ignore)
+  absent = "<absent>"
+  out = []
+  for key in sorted(set(recorded) | set(current)):
+    if _ignored(key, ignore):
+      continue
+    a, b = recorded.get(key, absent), current.get(key, absent)
+    if a != b:
+      out.append((key, a, b))
+  return out
+
+
+def check_or_record(workdir, config, *, ignore=(), what: str = "run") -> None:
+  """Records `config` in workdir/config.json, or checks it against the recorded one.
+
+  Args:
+    workdir: the run's directory (created if missing).
+    config: the ConfigDict the run uses.
+    ignore: dotted keys (or section prefixes) this runner may vary between reruns.
+    what: the kind of run, for the message ("training run", "sweep", ...).
+  Raises:
+    ConfigError: the recorded config differs in a compared field, or config.json is malformed.
+  """
+  workdir = pathlib.Path(workdir)
+  path = workdir / CONFIG_FILE
+  current = flatten(config)
+  if path.exists():
+    try:
+      recorded = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+      raise errors.ConfigError(f"{path}: line {e.lineno}: not valid JSON ({e.msg}); it records "
+                               f"the config this {what} was run with") from None
+    if not isinstance(recorded, dict):
+      raise errors.ConfigError(f"{path}: not a config record (expected a JSON object)")
+    diff = differences(recorded, current, ignore)
+    if diff:
+      shown = "; ".join(f"{k}: recorded {a!r}, now {b!r}" for k, a, b in diff[:6])
+      more = f"; and {len(diff) - 6} more" if len(diff) > 6 else ""
+      raise errors.ConfigError(
+          f"{workdir} holds a {what} made with another config ({shown}{more}); rerun with the "
+          f"recorded values ({path}) or use a new workdir")
+    return
+  workdir.mkdir(parents=True, exist_ok=True)
+  tmp = path.with_suffix(".json.tmp")
+  tmp.write_text(json.dumps(current, indent=1, sort_keys=True) + "\n")
+  tmp.replace(path)
