@@ -27,6 +27,9 @@ from gp_jax.llm import base
 from gp_jax.llm import catalog as catalog_lib
 from gp_jax.llm import endpoints as endpoints_lib
 
+# Session closers of live loops (see _LoopState): strong references, dropped when they finish.
+_CLOSERS: set = set()
+
 # Faults worth trying again: the same request may well succeed a moment later or on another replica.
 _RETRYABLE_STATUS = frozenset({408, 409, 425, 429})
 
@@ -66,8 +69,12 @@ class _LoopState:
     self.session = aiohttp.ClientSession(
         connector=connector, timeout=aiohttp.ClientTimeout(sock_connect=connect_timeout_s))
     # asyncio.run cancels every pending task before closing its loop: this one then closes the
-    # session while the loop still runs, so `asyncio.run(pool.chat(...))` leaks no connection.
+    # session while the loop still runs, so `asyncio.run(pool.chat(...))` leaks no connection
+    # (gp_jax.aio does the same for its reused loop at exit). A loop holds its tasks only weakly:
+    # _CLOSERS keeps this one alive after the pool is dropped, until its loop cancels it.
     self.closer = self.loop.create_task(self._close_when_cancelled())
+    _CLOSERS.add(self.closer)
+    self.closer.add_done_callback(_CLOSERS.discard)
 
   async def _close_when_cancelled(self) -> None:
     try:

@@ -1,5 +1,8 @@
 """OpenAIPool against the local fake OpenAI-compatible server: retries, faults, limits, balancing."""
 import asyncio
+import pathlib
+import subprocess
+import sys
 import time
 
 import pytest
@@ -252,3 +255,29 @@ def test_fake_server_as_subprocess(catalog):
   finally:
     proc.terminate()
     proc.wait(10)
+
+
+_EXIT_SCRIPT = """
+import gc
+from gp_jax import aio
+from gp_jax.llm import base, catalog as catalog_lib, openai_pool, testing_server
+with testing_server.FakeOpenAIServer(models=("m",)) as srv:
+  pool = openai_pool.OpenAIPool(catalog_lib.load_catalog(),
+                                {"qwen2.5-7b-instruct": [{"base_url": srv.url, "model": "m"}]})
+  c = aio.run(pool.chat("qwen2.5-7b-instruct", [{"role": "user", "content": "hi"}],
+                        base.SamplingParams()))
+  assert c.ok, c
+  del pool                 # a runner that never closes its pool, then the garbage collector
+  gc.collect()
+print("done")
+"""
+
+
+def test_unclosed_pool_on_the_reused_loop_exits_without_warnings():
+  """A pool used through gp_jax.aio and never closed: its session is closed at exit, silently."""
+  repo = pathlib.Path(__file__).resolve().parents[2]
+  p = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT], cwd=repo, capture_output=True,
+                     text=True, timeout=120)
+  assert p.returncode == 0 and p.stdout.strip() == "done", p.stderr[-2000:]
+  for warning in ("Unclosed", "Task was destroyed"):
+    assert warning not in p.stderr, p.stderr[-2000:]
