@@ -8,14 +8,17 @@ import pytest
 
 from gp_jax import roles as roles_lib
 from gp_jax import system as system_lib
+from gp_jax.baselines import multi_round
 from gp_jax.llm import simulator as sim
 from gp_jax.workflow import env as env_lib
 from gp_jax.workflow import mdp
 from gp_jax.workflow import optimal
 
 
-def brute_force(env, world, query, alpha):
-  """Max over every valid action sequence of E[U | calls] - alpha * cost."""
+def brute_force(env, world, query, alpha, mask=None):
+  """Max over every valid action sequence of E[U | calls] - alpha * cost (mask: state -> the
+  valid actions, default the MDP's)."""
+  mask = mask or env.mask
   best = -np.inf
 
   async def rec(state):
@@ -23,7 +26,7 @@ def brute_force(env, world, query, alpha):
     if state.done:
       best = max(best, sim.expected_utility(world, state) - alpha * env.cost_units(state))
       return
-    for a in np.flatnonzero(env.mask(state)):
+    for a in np.flatnonzero(mask(state)):
       s2 = copy.deepcopy(state)
       await env.step(s2, query, int(a), seed=0)
       await rec(s2)
@@ -59,6 +62,33 @@ def test_dp_matches_brute_force_with_thinker_and_verifier(tiny_world):
   env, solver = make(tiny_world, ["planner", "executor", "summarizer", "thinker", "verifier"], cfg, 0.3)
   for q in tiny_world["world"].sample_queries(2, seed=2, split="bf"):
     assert solver.value(q) == pytest.approx(brute_force(env, tiny_world["world"], q, 0.3), abs=1e-9)
+
+
+@pytest.mark.parametrize("alpha", [0.0, 0.5])
+def test_restricted_dp_matches_brute_force_under_router_r1_mask(tiny_world, alpha):
+  """planners = mergers = (router LLM,), max_plan_depth = 1: the optimum within Router-R1's mask."""
+  cfg = mdp.MDPConfig(p_max=2, max_width=2, max_depth=2, step_cap=16)
+  env, full = make(tiny_world, ["planner", "executor", "summarizer"], cfg, alpha)
+  router = tiny_world["names"][0]
+  solver = optimal.OptimalSolver(tiny_world["world"], env.space, cfg, alpha, system_lib.sim_describe,
+                                 planners=[router], mergers=[router], max_plan_depth=1)
+  r1 = lambda state: multi_round.r1_mask(env.space, router, state, env.mask(state))
+  oracle = optimal.OraclePolicy(solver)
+  for q in tiny_world["world"].sample_queries(3, seed=1, split="bf"):
+    value = solver.value(q)
+    assert value == pytest.approx(brute_force(env, tiny_world["world"], q, alpha, mask=r1), abs=1e-9)
+    assert value <= full.value(q) + 1e-12
+    state = env.reset(q)                    # its oracle stays inside the mask
+
+    async def run():
+      while not state.done:
+        a = oracle.act(q, state)
+        assert r1(state)[a]
+        await env.step(state, q, a, seed=5)
+    asyncio.run(run())
+  with pytest.raises(ValueError, match="planners must be a non-empty subset"):
+    optimal.OptimalSolver(tiny_world["world"], env.space, cfg, alpha, system_lib.sim_describe,
+                          planners=["nope"])
 
 
 def test_oracle_policy_realises_dp_value(tiny_world):

@@ -102,10 +102,10 @@ def pipeline_action(space: mdp.ActionSpace, state: mdp.WorkflowState, mask: np.n
   planner role, p_max = 0, or a plan with no sub-questions) is answered directly by a routed
   Executor."""
   node = state.node
+  if node.id == 0 and state.root_summarized:   # the root stays PLANNING after its summary
+    return pick_action(space, mask, "executor", merger)
   if node.status == mdp.PLANNING:
     return pick_action(space, mask, "summarizer", merger)
-  if node.id == 0 and state.root_summarized:
-    return pick_action(space, mask, "executor", merger)
   if node.id == 0 and not node.plan_failed and (mask & space.kind_mask(["planner"])).any():
     return pick_action(space, mask, "planner", planner)
   if executor is not None:
@@ -527,10 +527,13 @@ def r1_mask(space: mdp.ActionSpace, router_llm: str, state: mdp.WorkflowState,
   nothing valid (Phase-1 configs), the MDP's own mask is used."""
   node = state.node
   col = np.arange(space.size) % space.num_llms == list(space.llms).index(router_llm)
-  if node.status == mdp.PLANNING:
-    allowed = space.kind_mask(["summarizer"]) & col
-  elif node.id == 0 and state.root_summarized:
+  # The root is still PLANNING once summarised, so the final answer is tested first (checked the
+  # other way round, the summarizer-only mask was empty there and the MDP's own mask let any LLM
+  # give the final answer).
+  if node.id == 0 and state.root_summarized:
     allowed = space.kind_mask(["executor"]) & col
+  elif node.status == mdp.PLANNING:
+    allowed = space.kind_mask(["summarizer"]) & col
   elif node.id == 0:
     allowed = space.kind_mask(["executor"]) | (space.kind_mask(["planner"]) & col)
   else:

@@ -41,13 +41,28 @@ class PlanNode:
 
 
 class OptimalSolver:
-  """Exact optimum of E[U] - alpha E[C] for simulated queries under a given action space."""
+  """Exact optimum of E[U] - alpha E[C] for simulated queries under a given action space.
+
+  The optional restrictions give the optimum of a smaller policy class (e.g. Router-R1's action
+  mask: `planners=mergers=(router LLM,)`, `max_plan_depth=1`):
+    planners: the LLMs allowed to plan (default: every LLM of the space);
+    mergers: the LLMs allowed to summarise and to give the root's final answer (default: every);
+    max_plan_depth: nodes at this depth or deeper are never planned (default: cfg.max_depth).
+  """
 
   def __init__(self, world: sim.SimWorld, space: mdp.ActionSpace, cfg: mdp.MDPConfig, alpha: float,
-               describe: Callable[[Query], tuple[str, str]]):
+               describe: Callable[[Query], tuple[str, str]], *, planners=None, mergers=None,
+               max_plan_depth: int | None = None):
     self.world, self.space, self.cfg, self.alpha = world, space, cfg, alpha
     self.describe = describe
     self.llms = list(space.llms)
+    for name, given in (("planners", planners), ("mergers", mergers)):
+      unknown = sorted(set(given or ()) - set(self.llms))
+      if unknown or (given is not None and not given):
+        raise ValueError(f"{name} must be a non-empty subset of the space's LLMs, got {given!r}")
+    self.planner_llms = list(planners) if planners is not None else self.llms
+    self.merger_llms = list(mergers) if mergers is not None else self.llms
+    self.max_plan_depth = cfg.max_depth if max_plan_depth is None else int(max_plan_depth)
     kinds = {r.kind for r in space.roles.roles}
     self.role = {r.kind: r for r in space.roles.roles}
     self.can_plan = "planner" in kinds
@@ -161,7 +176,7 @@ class OptimalSolver:
     ver_out = sum(sim.count_tokens(sim.answer_line(k.gold)) for k in kids)
     a, const, fixed, mu_c, out_s, labels = [], [], [], [], [], []
     verifiers = [None] + (self.llms if self.can_verify else [])
-    finals = self.llms if root else [None]
+    finals = self.merger_llms if root else [None]
     for v in verifiers:
       vi = None if v is None else self.llms.index(v)
       r = 0.0 if v is None else self.rv[vi]
@@ -172,7 +187,8 @@ class OptimalSolver:
         ver_cost = self._cost(in_v, ver_out)[vi]
         mu_child = self.price_in[vi]
         ans_tok = ver_out   # the summary then reads the verifier's answer lines
-      for si, s in enumerate(self.llms):
+      for s in self.merger_llms:
+        si = self.llms.index(s)
         o_s = self.world.output_tokens("summarizer", node, s)
         in_s = self._fields_tokens("summarizer", node.text) + child_q + ans_tok
         sum_cost = self._cost(in_s, o_s)[si]
@@ -196,7 +212,8 @@ class OptimalSolver:
   def _may_plan(self, depth, budget):
     if self.cfg.phase1:
       return depth < self.cfg.phase1_depth
-    return self.can_plan and budget > 0 and depth < self.cfg.max_depth
+    return (self.can_plan and budget > 0 and depth < self.cfg.max_depth
+            and depth < self.max_plan_depth)
 
   def _may_exec(self, depth):
     return not (self.cfg.phase1 and depth < self.cfg.phase1_depth)
@@ -215,7 +232,7 @@ class OptimalSolver:
       vals = lam_u[:, None] * p[None] - al * cost[None] - mu_u[:, None] * out[None]
       best = np.maximum(best, vals.max(1))
     if self._may_plan(depth, budget):
-      for m_p in self.llms:
+      for m_p in self.planner_llms:
         kids, plan_cost, a, const, fixed, mu_c, out_s, _ = self._plan_combos(node, m_p, root)
         lam_c = (lam_u[:, None] * a[None]).ravel()
         mu_cc = np.broadcast_to(al * mu_c[None], (len(lam), len(a))).ravel()
@@ -246,7 +263,7 @@ class OptimalSolver:
       i = int(np.argmax(vals))
       best_v, best_plan = float(vals[i]), PlanNode("exec", llm=labels[i][1], thinker=labels[i][0])
     if self._may_plan(depth, budget):
-      for m_p in self.llms:
+      for m_p in self.planner_llms:
         kids, plan_cost, a, const, fixed, mu_c, out_s, labels = self._plan_combos(node, m_p, root)
         kid_vals = self._children(kids, depth + 1, budget - 1, lam * a, al * mu_c)
         vals = kid_vals + lam * const - al * fixed - mu * out_s - al * plan_cost

@@ -185,6 +185,16 @@ def test_r1_mask_is_router_r1s_action_set(system):
   m = mr.r1_mask(space, router_llm, state, env.mask(state))   # a turn: any executor, no re-planning
   assert {space.decode(a)[0].kind for a in np.flatnonzero(m)} == {"executor"}
   assert m.sum() == space.num_llms
+  # Every turn executed: the router LLM summarises, then gives the final answer itself.
+  while not state.root_summarized:
+    m = mr.r1_mask(space, router_llm, state, env.mask(state))
+    if state.node.status == "planning":
+      assert {(space.decode(a)[0].kind, space.decode(a)[1]) for a in np.flatnonzero(m)} == {
+          ("summarizer", router_llm)}
+    policies.aio.run(env.step(state, q, int(np.flatnonzero(m)[-1]), seed=0))
+  m = mr.r1_mask(space, router_llm, state, env.mask(state))
+  assert [space.decode(a)[1] for a in np.flatnonzero(m)] == [router_llm]
+  assert space.decode(int(np.flatnonzero(m)[0]))[0].kind == "executor"
 
 
 def test_router_r1_ppo_update_lowers_loss_and_training_raises_reward(system):
