@@ -57,6 +57,7 @@ from gp_jax.rl import ppo as ppo_lib
 from gp_jax.types import Query
 from gp_jax.workflow import env as env_lib
 from gp_jax.workflow import mdp
+from gp_jax.workflow import optimal
 from gp_jax.workflow import policies
 from gp_jax.workflow import reward as reward_lib
 
@@ -711,15 +712,38 @@ def fit_multi_routers(names: list[str], system, queries: list[Query], *, seed: i
   return {n: r.fit(system, queries, seed=seed) for n, r in routers.items()}
 
 
+R1_OPTIMUM = "optimum (DP, Router-R1 mask)"
+
+
+def router_r1_optimum(system, alpha: float, router_llm: str, queries: list[Query], *,
+                      seed: int = 0) -> list[Row]:
+  """Rows R1_OPTIMUM: the exact optimum within Router-R1's action set (r1_mask), simulator only.
+
+  The best any policy restricted to that mask could do, knowing each query's latent hardness as
+  the full optimum does: the router LLM alone plans (the root only), summarises and answers.
+  The full optimum minus this is what the mask itself costs; this minus the trained
+  Router-R1-style router is what its learning leaves."""
+  solver = optimal.OptimalSolver(system.world, system.space, system.mdp_cfg, alpha,
+                                 system.describe, planners=[router_llm], mergers=[router_llm],
+                                 max_plan_depth=1)
+  env = system.env(alpha)
+  states = policies.run_policy(env, policies.oracle_policy(optimal.OraclePolicy(solver)), queries,
+                               seed=seed)
+  return summarize(R1_OPTIMUM, system, env, queries, states)
+
+
 def evaluate_multi(system, alpha: float, routers: dict[str, MultiRoundRouter],
                    queries: list[Query], *, seed: int = 0) -> tuple[list[Row], dict]:
   """Rows 'multi:<name>' of each router on `queries`, and
-  {row name: {"<role kind>:<llm>": number of calls}}."""
+  {row name: {"<role kind>:<llm>": number of calls}}. With a Router-R1-style router on the
+  simulator (outside Phase 1), also the optimum within its mask (router_r1_optimum)."""
   env = system.env(alpha)
   rows, picks = [], {}
   for name, router in routers.items():
     states = router.run(system, alpha, queries, seed=seed)
     rows += summarize(ROW_PREFIX + name, system, env, queries, states)
+    if isinstance(router, RouterR1) and system.world is not None and not system.mdp_cfg.phase1:
+      rows += router_r1_optimum(system, alpha, router.router_llm, queries, seed=seed)
     counts: dict[str, int] = {}
     for s in states:
       for c in s.calls:

@@ -17,6 +17,7 @@ from gp_jax import errors
 from gp_jax.baselines import sweep as sweep_lib
 
 OPTIMUM = "optimum (DP)"
+CEILING_PREFIX = "optimum"    # the DP optima (full, and within Router-R1's mask): not baselines
 FIXED_LLM_PREFIX = "single:"
 MULTI_PREFIX = "multi:"       # multi-round routers (gp_jax/baselines/multi_round.py)
 
@@ -95,12 +96,12 @@ def t_critical_95(dof: int) -> float:
 
 def strongest_gaps(gaps: dict[float, dict[str, tuple]]) -> dict[float, tuple]:
   """{alpha: (method, mean, low, high, n)}: the strongest baseline, i.e. the one with the smallest
-  mean paired gap (the optimum and the single LLMs aside), and the 95% t interval of that mean
+  mean paired gap (the DP optima and the single LLMs aside), and the 95% t interval of that mean
   (n >= 2 seeds)."""
   out = {}
   for a, pols in gaps.items():
     rivals = {p: g for p, g in pols.items()
-              if p != OPTIMUM and not p.startswith(FIXED_LLM_PREFIX) and g[3] >= 2}
+              if not p.startswith((CEILING_PREFIX, FIXED_LLM_PREFIX)) and g[3] >= 2}
     if rivals:
       p = min(rivals, key=lambda k: rivals[k][0])
       mean, std, _, n = rivals[p]
@@ -114,7 +115,8 @@ def _pm(t, digits=3) -> str:
 
 
 def _order(policies) -> list[str]:
-  rank = lambda p: (p != "GraphPlanner", p == OPTIMUM, p.startswith(FIXED_LLM_PREFIX), p)
+  rank = lambda p: (p != "GraphPlanner", p.startswith(CEILING_PREFIX),
+                    p.startswith(FIXED_LLM_PREFIX), p)
   return sorted(policies, key=rank)
 
 
@@ -212,6 +214,8 @@ def plot(agg: dict, path: pathlib.Path) -> None:
       continue
     if p == OPTIMUM:
       style = dict(color="black", ls="--", lw=2.2, marker="*", ms=10, label="optimum (DP, ceiling)")
+    elif p.startswith(CEILING_PREFIX):
+      style = dict(color="dimgrey", ls=":", lw=1.6, marker="*", ms=6, label=p)
     elif p == "GraphPlanner":
       style = dict(color="tab:red", lw=2.2, marker="o", ms=7, label="GraphPlanner")
     else:

@@ -48,11 +48,15 @@ def test_sweep_writes_cells_and_resumes(swept):
     expected = {"GraphPlanner", "random", "optimum (DP)"} | {
         f"router:{n}" for n in tiny_config().sweep.routers.split(",")} | {
         f"single:{m}" for m in rec["llms"]} | {
-        f"multi:{n}" for n in tiny_config().sweep.multi_routers.split(",")}
+        f"multi:{n}" for n in tiny_config().sweep.multi_routers.split(",")} | {
+        "optimum (DP, Router-R1 mask)"}
     assert set(rows) == expected
     assert all(r["n"] == rec["n_test"] for r in rows.values())
     for r in rows.values():   # nothing beats the exact optimum in expectation
       assert r["reward"] <= rows["optimum (DP)"]["reward"] + 1e-9
+    # Nor, within Router-R1's mask, the optimum of that mask; the mask can only cost reward.
+    assert rows["multi:router_r1"]["reward"] <= rows["optimum (DP, Router-R1 mask)"]["reward"] + 1e-9
+    assert rows["optimum (DP, Router-R1 mask)"]["reward"] < rows["optimum (DP)"]["reward"]
     # A router that always picks one LLM reproduces that LLM's single-LLM row exactly.
     largest = max(rec["router_picks"]["largest"], key=rec["router_picks"]["largest"].get)
     assert rows["router:largest"]["reward"] == pytest.approx(rows[f"single:{largest}"]["reward"])
@@ -97,14 +101,16 @@ def test_paired_gaps_compare_within_each_seed(tmp_path):
     d.mkdir()
     (d / "cell.json").write_text(json.dumps(dict(alpha=0.5, seed=seed, simulated=True, n_train=1,
                                                  n_test=2, llms=["m"],
-                                                 rows=[row("GraphPlanner", gp), row("q", other)])))
+                                                 rows=[row("GraphPlanner", gp), row("q", other),
+                                                       row("optimum (DP, Router-R1 mask)", 0.9)])))
   cells = report.load_cells(tmp_path)
   mean, std, wins, n = report.paired_gaps(cells)[0.5]["q"]
   assert (mean, wins, n) == (pytest.approx(0.025), 1, 2)
   assert std == pytest.approx(np.std([0.1, -0.05], ddof=1))
   text = report.markdown(report.aggregate(cells), cells, None)
   assert "| q | +0.025 ± 0.106 (1/2) |" in text
-  # Two seeds: 1 degree of freedom, t = 12.706; q is the only rival, so it is the strongest.
+  # Two seeds: 1 degree of freedom, t = 12.706; q is the only rival (a DP optimum is a ceiling,
+  # not a baseline, however small its gap), so it is the strongest.
   half = 12.706 * np.std([0.1, -0.05], ddof=1) / np.sqrt(2)
   name, m, lo, hi, n = report.strongest_gaps(report.paired_gaps(cells))[0.5]
   assert (name, n) == ("q", 2) and (lo, hi) == (pytest.approx(0.025 - half), pytest.approx(0.025 + half))
