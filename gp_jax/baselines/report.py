@@ -197,7 +197,8 @@ def plot(agg: dict, path: pathlib.Path) -> None:
   fig, ax = plt.subplots(figsize=(10, 5.5))
   alphas = list(agg)
   pols = _order({p for ps in agg.values() for p in ps})
-  # tab20 without its reds and greys (GraphPlanner and the single LLMs use those).
+  # tab20 without its reds and greys (GraphPlanner and the single LLMs use those); the optimum
+  # within Router-R1's mask is dark green, next to the Router-R1-style router's green.
   palette = [c for i, c in enumerate(plt.get_cmap("tab20").colors) if i not in (6, 7, 14, 15)]
   markers = "o^sDvP<>X"
   k = 0
@@ -215,7 +216,7 @@ def plot(agg: dict, path: pathlib.Path) -> None:
     if p == OPTIMUM:
       style = dict(color="black", ls="--", lw=2.2, marker="*", ms=10, label="optimum (DP, ceiling)")
     elif p.startswith(CEILING_PREFIX):
-      style = dict(color="dimgrey", ls=":", lw=1.6, marker="*", ms=6, label=p)
+      style = dict(color="darkgreen", ls=":", lw=1.8, marker="*", ms=8, label=p + ", ceiling")
     elif p == "GraphPlanner":
       style = dict(color="tab:red", lw=2.2, marker="o", ms=7, label="GraphPlanner")
     else:
