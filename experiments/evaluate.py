@@ -3,14 +3,12 @@
   python -m experiments.evaluate --config=experiments/configs/default.py --workdir=runs/default
   --config.model.history=inductive evaluates with an empty history graph.
 """
-from absl import app
 from absl import flags
-from ml_collections import config_flags
 
 from experiments import common
 from gp_jax.rl import pipeline
 
-_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/default.py", "Run config.")
+_CONFIG = common.define_config("experiments/configs/default.py", "Run config.")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/default", "Workdir of a training run.")
 _TAG = flags.DEFINE_string("tag", "eval", "Name of the report files written in the workdir.")
 
@@ -22,4 +20,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -5,16 +5,14 @@
 Rerunning skips finished (variant, seed) cells and resumes interrupted training. Studies:
 phases, unseen, ablations, roles (gp_jax/studies/definitions.py). Then: python -m experiments.report.
 """
-from absl import app
 from absl import flags
-from ml_collections import config_flags
 
 from experiments import common
 from gp_jax.baselines import sweep as sweep_lib
 from gp_jax.studies import definitions
 from gp_jax.studies import runner
 
-_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/study.py", "Study config.")
+_CONFIG = common.define_config("experiments/configs/study.py", "Study config.")
 _STUDY = flags.DEFINE_string("study", None, "phases | unseen | ablations | roles", required=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory (default runs/studies/<study>).")
 
@@ -34,4 +32,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -4,14 +4,12 @@
   python -m experiments.sweep --config=experiments/configs/sweep.py:test --workdir=/tmp/sweep
 Rerunning the same command skips finished (alpha, seed) cells. Then: python -m experiments.report.
 """
-from absl import app
 from absl import flags
-from ml_collections import config_flags
 
 from experiments import common
 from gp_jax.baselines import sweep
 
-_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/sweep.py", "Sweep config.")
+_CONFIG = common.define_config("experiments/configs/sweep.py", "Sweep config.")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/sweep", "Sweep directory (cells, labels).")
 
 
@@ -24,4 +22,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -4,14 +4,12 @@
   python -m experiments.train --config=experiments/configs/default.py:... --config.alpha=0
 Rerunning the same command resumes from the latest checkpoint in --workdir.
 """
-from absl import app
 from absl import flags
-from ml_collections import config_flags
 
 from experiments import common
 from gp_jax.rl import pipeline
 
-_CONFIG = config_flags.DEFINE_config_file("config", "experiments/configs/default.py", "Run config.")
+_CONFIG = common.define_config("experiments/configs/default.py", "Run config.")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/default", "Checkpoints, metrics and reports.")
 _EVALUATE = flags.DEFINE_bool("evaluate", True, "Evaluate after training.")
 
@@ -23,4 +21,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

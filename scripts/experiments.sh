@@ -3,7 +3,8 @@
 #   bash scripts/experiments.sh          CPU size: runs/experiments/, report -> docs/report.md
 #   bash scripts/experiments.sh test     CI size:  runs/experiments_test/, report next to it
 # Each runner is resumable: rerunning skips finished cells and resumes interrupted training.
-# Extra arguments after the size go to every study and sweep run (e.g. --config.study.seeds=0).
+# Extra arguments after the size go to every study and sweep run, so they must name fields both
+# configs have (e.g. --config.train.episodes=2000).
 source "$(dirname "$0")/env.sh"
 size="${1:-default}"
 shift || true

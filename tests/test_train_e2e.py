@@ -98,6 +98,11 @@ def test_kill_9_then_rerun_resumes_and_finishes(reference_run, tmp_path):
     ("--config.ppo.lr_final_fraction=1.5", "lr_final_fraction"),
     ("--config.ppo.entropy_schedule=step", "unknown ppo.entropy_schedule 'step'"),
     ("--config.ppo.entropy_final_fraction=-1", "entropy_final_fraction"),
+    # A mistyped field is caught while the config flag is defined (ml_collections applies
+    # overrides at import), not by the runner.
+    ("--config.model.hiden=3", 'no such config field in the --config.* flags: \'hiden\' Did you '
+                               'mean "hidden"'),
+    ("--config.nosection.x=1", "no such config field"),
 ])
 def test_bad_config_exits_2_with_one_message(tmp_path, flag, message):
   out = subprocess.run(_train_cmd(tmp_path) + [flag], cwd=REPO, capture_output=True, text=True,
@@ -105,6 +110,19 @@ def test_bad_config_exits_2_with_one_message(tmp_path, flag, message):
   assert out.returncode == 2
   lines = [l for l in out.stderr.splitlines() if l.strip()]
   assert len(lines) == 1 and lines[0].startswith("error: ") and message in lines[0], out.stderr
+
+
+def test_mistyped_field_on_the_default_config_exits_2(tmp_path):
+  """Without --config, overrides apply to the default config while the flag is defined."""
+  for runner, extra in (("experiments.train", []), ("experiments.sweep", []),
+                        ("experiments.study", ["--study=phases"])):
+    out = subprocess.run([sys.executable, "-m", runner, f"--workdir={tmp_path / 'w'}",
+                          "--config.trian.episodes=3"] + extra, cwd=REPO,
+                         capture_output=True, text=True, timeout=120)
+    lines = [l for l in out.stderr.splitlines() if l.strip()]
+    assert out.returncode == 2 and len(lines) == 1, (runner, out.stderr[-2000:])
+    assert lines[0].startswith("error: no such config field") and "trian" in lines[0]
+  assert not (tmp_path / "w").exists()
 
 
 def test_no_retrace_as_history_grows_within_a_bucket():
