@@ -71,6 +71,17 @@ def run_router(system, env, model, params, history, queries, *, parallel: int, s
   return [e.state for e in eps]
 
 
+def optimum_rows(name: str, system: system_lib.System, env, queries: list[Query], *, seed: int,
+                 **restrictions) -> list[Row]:
+  """Rows `name` of the exact DP optimum (simulator only) followed through the MDP; restrictions
+  (planners, mergers, max_plan_depth) narrow it to a smaller policy class (optimal.OptimalSolver)."""
+  solver = optimal.OptimalSolver(system.world, system.space, system.mdp_cfg, env.alpha,
+                                 system.describe, **restrictions)
+  return summarize(name, system, env, queries,
+                   policies.run_policy(env, policies.oracle_policy(optimal.OraclePolicy(solver)),
+                                       queries, seed=seed))
+
+
 def evaluate(system: system_lib.System, alpha: float, *, router=None, baselines: bool = True,
              optimum: bool = True, parallel: int = 64, seed: int = 0) -> list[Row]:
   """Rows for every policy on the system's test queries. router = (model, params, history|None)."""
@@ -90,10 +101,7 @@ def evaluate(system: system_lib.System, alpha: float, *, router=None, baselines:
                         policies.run_policy(env, policies.single_llm_policy(system.space, llm),
                                             queries, seed=seed))
   if optimum and system.world is not None:
-    solver = optimal.OptimalSolver(system.world, system.space, system.mdp_cfg, alpha, system.describe)
-    rows += summarize("optimum (DP)", system, env, queries,
-                      policies.run_policy(env, policies.oracle_policy(optimal.OraclePolicy(solver)),
-                                          queries, seed=seed))
+    rows += optimum_rows("optimum (DP)", system, env, queries, seed=seed)
   return rows
 
 

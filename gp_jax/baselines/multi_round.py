@@ -48,7 +48,7 @@ import optax
 from gp_jax import aio
 from gp_jax import errors
 from gp_jax.baselines import regressors
-from gp_jax.evaluation import Row, summarize
+from gp_jax.evaluation import Row, optimum_rows, summarize
 from gp_jax.llm import base
 from gp_jax.llm import catalog as catalog_lib
 from gp_jax.llm import simulator as sim
@@ -57,7 +57,6 @@ from gp_jax.rl import ppo as ppo_lib
 from gp_jax.types import Query
 from gp_jax.workflow import env as env_lib
 from gp_jax.workflow import mdp
-from gp_jax.workflow import optimal
 from gp_jax.workflow import policies
 from gp_jax.workflow import reward as reward_lib
 
@@ -103,7 +102,7 @@ def pipeline_action(space: mdp.ActionSpace, state: mdp.WorkflowState, mask: np.n
   planner role, p_max = 0, or a plan with no sub-questions) is answered directly by a routed
   Executor."""
   node = state.node
-  if node.id == 0 and state.root_summarized:   # the root stays PLANNING after its summary
+  if state.at_final_answer:
     return pick_action(space, mask, "executor", merger)
   if node.status == mdp.PLANNING:
     return pick_action(space, mask, "summarizer", merger)
@@ -528,10 +527,7 @@ def r1_mask(space: mdp.ActionSpace, router_llm: str, state: mdp.WorkflowState,
   nothing valid (Phase-1 configs), the MDP's own mask is used."""
   node = state.node
   col = np.arange(space.size) % space.num_llms == list(space.llms).index(router_llm)
-  # The root is still PLANNING once summarised, so the final answer is tested first (checked the
-  # other way round, the summarizer-only mask was empty there and the MDP's own mask let any LLM
-  # give the final answer).
-  if node.id == 0 and state.root_summarized:
+  if state.at_final_answer:
     allowed = space.kind_mask(["executor"]) & col
   elif node.status == mdp.PLANNING:
     allowed = space.kind_mask(["summarizer"]) & col
@@ -715,7 +711,7 @@ def fit_multi_routers(names: list[str], system, queries: list[Query], *, seed: i
 R1_OPTIMUM = "optimum (DP, Router-R1 mask)"
 
 
-def router_r1_optimum(system, alpha: float, router_llm: str, queries: list[Query], *,
+def router_r1_optimum(system, env, router_llm: str, queries: list[Query], *,
                       seed: int = 0) -> list[Row]:
   """Rows R1_OPTIMUM: the exact optimum within Router-R1's action set (r1_mask), simulator only.
 
@@ -723,13 +719,8 @@ def router_r1_optimum(system, alpha: float, router_llm: str, queries: list[Query
   the full optimum does: the router LLM alone plans (the root only), summarises and answers.
   The full optimum minus this is what the mask itself costs; this minus the trained
   Router-R1-style router is what its learning leaves."""
-  solver = optimal.OptimalSolver(system.world, system.space, system.mdp_cfg, alpha,
-                                 system.describe, planners=[router_llm], mergers=[router_llm],
-                                 max_plan_depth=1)
-  env = system.env(alpha)
-  states = policies.run_policy(env, policies.oracle_policy(optimal.OraclePolicy(solver)), queries,
-                               seed=seed)
-  return summarize(R1_OPTIMUM, system, env, queries, states)
+  return optimum_rows(R1_OPTIMUM, system, env, queries, seed=seed, planners=[router_llm],
+                      mergers=[router_llm], max_plan_depth=1)
 
 
 def evaluate_multi(system, alpha: float, routers: dict[str, MultiRoundRouter],
@@ -743,7 +734,7 @@ def evaluate_multi(system, alpha: float, routers: dict[str, MultiRoundRouter],
     states = router.run(system, alpha, queries, seed=seed)
     rows += summarize(ROW_PREFIX + name, system, env, queries, states)
     if isinstance(router, RouterR1) and system.world is not None and not system.mdp_cfg.phase1:
-      rows += router_r1_optimum(system, alpha, router.router_llm, queries, seed=seed)
+      rows += router_r1_optimum(system, env, router.router_llm, queries, seed=seed)
     counts: dict[str, int] = {}
     for s in states:
       for c in s.calls:

@@ -107,7 +107,7 @@ class Featurizer:
 
   def state_vector(self, state: mdp.WorkflowState, node_emb: np.ndarray) -> np.ndarray:
     node, cfg = state.node, self.cfg
-    final = node.id == 0 and state.root_summarized
+    final = state.at_final_answer
     extra = np.array([
         float(node.status == mdp.PENDING and not final),
         float(node.status == mdp.PLANNING and not final),

@@ -150,6 +150,12 @@ class WorkflowState:
   def node(self) -> Node:
     return self.nodes[self.current]
 
+  @property
+  def at_final_answer(self) -> bool:
+    """The root's last step: summarised, waiting for its final Executor. (The root's status is
+    still PLANNING then, so test this before the status.)"""
+    return self.current == 0 and self.root_summarized
+
 
 def new_state(query_text: str) -> WorkflowState:
   return WorkflowState(nodes=[Node(id=0, text=query_text, depth=0, parent=None)])
@@ -160,7 +166,7 @@ def action_mask(state: WorkflowState, space: ActionSpace, cfg: MDPConfig) -> np.
   if state.done:
     return np.zeros(space.size, bool)
   node = state.node
-  if node.id == 0 and state.root_summarized:
+  if state.at_final_answer:
     return space.kind_mask(["executor"])
   if node.status == PENDING:
     if cfg.phase1:

@@ -318,7 +318,7 @@ class OraclePolicy:
       if plan.thinker and not node.thought:
         return space.encode(kinds["thinker"], plan.thinker)
       return space.encode(kinds["executor"], plan.llm)
-    if node.id == 0 and state.root_summarized:
+    if state.at_final_answer:
       return space.encode(kinds["executor"], plan.final)
     if plan.verifier and not node.verified:
       return space.encode(kinds["verifier"], plan.verifier)

@@ -16,7 +16,7 @@ def build_messages(role: roles_lib.Role, state: mdp.WorkflowState, cfg: mdp.MDPC
   node = state.node
   context = ""
   if role.kind == "executor":
-    if node.id == 0 and state.root_summarized:
+    if state.at_final_answer:
       context = f"Draft answer from the team: {node.answer}\n"
     elif node.thought:
       context = f"Notes: {node.thought}\n"
