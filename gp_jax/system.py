@@ -16,6 +16,7 @@ from gp_jax import roles as roles_lib
 from gp_jax.graph import features as features_lib
 from gp_jax.llm import base
 from gp_jax.llm import catalog as catalog_lib
+from gp_jax.llm import sim_events
 from gp_jax.llm import simulator as sim
 from gp_jax.text import encoder as encoder_lib
 from gp_jax.types import Query
@@ -59,7 +60,15 @@ class System:
       expected = lambda state: sim.expected_utility(world, state)
     return env_lib.WorkflowEnv(self.space, self.mdp_cfg, self.pool, alpha=alpha,
                                describe=self.describe, scorer=self.scorer, sampling=self.sampling,
-                               expected_utility=expected)
+                               expected_utility=expected, llm_mask=self.llm_mask())
+
+  def llm_mask(self) -> env_lib.LLMMask | None:
+    """The LLMs present at an episode's query under the simulator's join events (None: all)."""
+    events = self.world.events if self.world is not None else None
+    if events is None or not events.has_joins():
+      return None
+    world, llms = self.world, self.space.llms
+    return lambda state: events.present_mask(llms, world.lookup(state.nodes[0].text).key)
 
 
 def _serves_simulator(pool) -> bool:
@@ -115,9 +124,20 @@ def build(config, *, pool: base.LLMPool | None = None) -> System:
                              "complete workflow may need with these settings")
 
   world = None
+  events_cfg = config.data.get("sim_events")
+  events = sim_events.from_config(events_cfg, llms=llms, domains={v[0] for v in sim.TASKS.values()},
+                                  tasks=sim.TASKS) if events_cfg is not None else None
+  if events is not None and (config.data.source != "simulated" or config.backend != "simulator"):
+    raise errors.ConfigError("config.data.sim_events change the simulated pool: they need "
+                             "data.source='simulated' and backend='simulator'")
+  if events is not None and config.replay.mode != "off":
+    raise errors.ConfigError("config.data.sim_events cannot be used with a replay cache: it is "
+                             "keyed by the messages, and the events change the answers to the same "
+                             "messages; set replay.mode='off'")
   if config.data.source == "simulated":
     world = sim.SimWorld(sim.load_profiles(catalog),
-                         unique_texts=bool(config.data.get("sim_unique_texts", True)))
+                         unique_texts=bool(config.data.get("sim_unique_texts", True)),
+                         events=events)
     tasks = {"seen": sim.SEEN_TASKS, "unseen": sim.UNSEEN_TASKS,
              "all": list(sim.TASKS)}.get(config.data.tasks) or _names(config.data.tasks, "data.tasks")
     test_tasks = ({"seen": sim.SEEN_TASKS, "unseen": sim.UNSEEN_TASKS, "all": list(sim.TASKS)}

@@ -38,6 +38,28 @@ def get_config() -> ml_collections.ConfigDict:
   # depends on what the process simulated before (gp_jax/llm/simulator.py). False restores the
   # untagged texts, whose rare collisions are renamed in registration order.
   c.data.sim_unique_texts = True
+  # Simulated only: pool events (gp_jax/llm/sim_events.py, docs/simulator.md). Each is off while its
+  # llm is "". t counts root queries in the order of a followed split's stream (query "<split>-
+  # <seed>-<i>" is position i); the event acts on the queries at positions >= t.
+  c.data.sim_events = ml_collections.ConfigDict()
+  c.data.sim_events.splits = "test"  # comma list of the splits whose streams the events follow;
+                                     # the others (training, by default) see the configured pool
+  c.data.sim_events.quality = ml_collections.ConfigDict()
+  c.data.sim_events.quality.llm = ""       # LLM whose executor skill changes ("" = off)
+  c.data.sim_events.quality.t = 0          # first query position affected
+  c.data.sim_events.quality.delta = -2.0   # logit added to its skill (< 0 drops, > 0 rises)
+  c.data.sim_events.quality.domains = ""   # comma list of domains it acts on ("" with tasks "" = all)
+  c.data.sim_events.quality.tasks = ""     # comma list of tasks it acts on (besides the domains)
+  c.data.sim_events.price = ml_collections.ConfigDict()
+  c.data.sim_events.price.llm = ""         # LLM whose prices change ("" = off)
+  c.data.sim_events.price.t = 0            # first query position at the new prices
+  c.data.sim_events.price.scale = 2.0      # multiplier of its input and output $/M prices (> 0)
+  c.data.sim_events.join = ml_collections.ConfigDict()
+  c.data.sim_events.join.llm = ""          # LLM of config.llms absent (masked) before t ("" = off)
+  c.data.sim_events.join.t = 0             # first query position at which it can be called
+  c.data.sim_events.fail = ml_collections.ConfigDict()
+  c.data.sim_events.fail.llm = ""          # LLM whose every call errors from t on ("" = off)
+  c.data.sim_events.fail.t = 0             # first query position at which it fails
   c.data.train_file = ""
   c.data.test_file = ""
 

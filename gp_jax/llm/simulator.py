@@ -38,6 +38,10 @@ the tag; two different sub-questions can then get the same text (1 or 2 pairs am
 registered second in the process is renamed "<text> (variant 2)". Which one is renamed then
 depends on the order of simulation, so the same cell run alone, after other cells in one process,
 or resumed in a new process could come out differently (docs/simulator.md).
+Pool events (gp_jax/llm/sim_events.py, config data.sim_events): from root query t of a followed
+split on, an LLM's executor skill shifts, its prices scale, it fails (every call returns an error),
+or it joins (absent before t). SimWorld.exec_probability and SimulatorPool.chat ask the events;
+without events nothing of the above changes.
 """
 from __future__ import annotations
 
@@ -56,6 +60,7 @@ from gp_jax import paths
 from gp_jax import roles as roles_lib
 from gp_jax.llm import base
 from gp_jax.llm import catalog as catalog_lib
+from gp_jax.llm import sim_events
 from gp_jax.types import Query
 
 SIM_FILE = paths.DATA_DIR / "simulator.json"
@@ -207,10 +212,13 @@ def load_profiles(catalog: catalog_lib.Catalog, path=SIM_FILE) -> dict[str, LLMP
 class SimWorld:
   """The simulated queries and every sub-question texts generated from them (latents registry)."""
 
-  def __init__(self, profiles: dict[str, LLMProfile], unique_texts: bool = True):
-    """unique_texts: end each sub-question's text with its key's digest (module docstring)."""
+  def __init__(self, profiles: dict[str, LLMProfile], unique_texts: bool = True,
+               events: sim_events.PoolEvents | None = None):
+    """unique_texts: end each sub-question's text with its key's digest (module docstring).
+    events: pool events (gp_jax/llm/sim_events.py); None or empty: the pool never changes."""
     self.profiles = profiles
     self.unique_texts = unique_texts
+    self.events = events or None
     self.nodes: dict[str, NodeInfo] = {}      # text -> latents
     self.thoughts: dict[str, float] = {}     # thinker notes text -> tau
     self._children_cache: dict[tuple, list[NodeInfo]] = {}
@@ -312,6 +320,8 @@ class SimWorld:
 
   def exec_probability(self, node: NodeInfo, llm: str, tau: float = 0.0) -> float:
     theta = self.profiles[llm].theta[node.domain]
+    if self.events is not None:
+      theta = theta + self.events.skill_shift(llm, node.key, node.domain, node.task)
     return float(_sigmoid(theta - node.hardness - GAMMA * (node.complexity - 1) + tau))
 
 
@@ -376,6 +386,12 @@ class SimulatorPool(base.LLMPool):
     node = self.world.lookup(qline)
     if kind is None or node is None:
       return base.failed(model, "unrecognised_prompt", input_tokens=in_tokens)
+    events = self.world.events
+    if events is not None:   # pool events at this node's root query (sim_events.py)
+      if events.absent(model, node.key):
+        return base.failed(model, "not_in_pool", input_tokens=in_tokens)
+      if events.failed(model, node.key):
+        return base.failed(model, "unavailable", input_tokens=in_tokens)
     msg_digest = hashlib.blake2b(repr(messages).encode(), digest_size=8).hexdigest()
     rng = _rng("call", model, msg_digest, params.seed)
     w, prof = self.world, self.world.profiles[model]
@@ -417,8 +433,11 @@ class SimulatorPool(base.LLMPool):
     else:
       raise AssertionError(kind)
     out_tokens = count_tokens(text)
+    cost = self.catalog.cost_usd(model, in_tokens, out_tokens)
+    if events is not None:
+      cost *= events.price_scale(model, node.key)
     return base.Completion(model=model, text=text, input_tokens=in_tokens, output_tokens=out_tokens,
-                           cost_usd=self.catalog.cost_usd(model, in_tokens, out_tokens))
+                           cost_usd=cost)
 
 
 def _children_pairs(lines: list[str]) -> list[tuple[str, str]]:

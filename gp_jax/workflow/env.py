@@ -21,6 +21,7 @@ from gp_jax.workflow import reward as reward_lib
 Describe = Callable[[Query], tuple[str, str]]          # query -> (task description, answer format)
 Scorer = Callable[[str | None, Query], float]           # (final answer, query) -> utility in [0, 1]
 ExpectedUtility = Callable[[mdp.WorkflowState], float]  # finished state -> E[utility | its calls]
+LLMMask = Callable[[mdp.WorkflowState], np.ndarray]     # state -> LLMs in the pool, bool [num_llms]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,9 +37,11 @@ class WorkflowEnv:
   def __init__(self, space: mdp.ActionSpace, cfg: mdp.MDPConfig, pool: base.LLMPool, *,
                alpha: float, describe: Describe, scorer: Scorer,
                sampling: base.SamplingParams = base.SamplingParams(),
-               expected_utility: ExpectedUtility | None = None):
+               expected_utility: ExpectedUtility | None = None, llm_mask: LLMMask | None = None):
     """expected_utility: when given (simulator only), the terminal reward uses E[U | the calls made]
-    instead of the scored answer: the same objective in expectation, without the sampling noise."""
+    instead of the scored answer: the same objective in expectation, without the sampling noise.
+    llm_mask: the LLMs of the space present in the pool at an episode's query (the simulator's
+    join events); the actions of the others are masked. None: every LLM, always."""
     cfg.validate()
     if alpha < 0:
       raise errors.ConfigError(f"alpha must be >= 0, got {alpha}")
@@ -47,12 +50,16 @@ class WorkflowEnv:
     self.space, self.cfg, self.pool = space, cfg, pool
     self.alpha, self.describe, self.scorer, self.sampling = alpha, describe, scorer, sampling
     self.expected_utility = expected_utility
+    self.llm_mask = llm_mask
 
   def reset(self, query: Query) -> mdp.WorkflowState:
     return mdp.new_state(query.query)
 
   def mask(self, state: mdp.WorkflowState) -> np.ndarray:
-    return mdp.action_mask(state, self.space, self.cfg)
+    m = mdp.action_mask(state, self.space, self.cfg)
+    if self.llm_mask is not None:   # index = role_idx * num_llms + llm_idx
+      m &= np.tile(np.asarray(self.llm_mask(state), bool), len(self.space.roles))
+    return m
 
   async def step(self, state: mdp.WorkflowState, query: Query, action: int, seed: int) -> StepResult:
     """Makes the LLM call of `action`, applies the transition, returns the reward."""

@@ -12,6 +12,14 @@ m (optionally after a thinker) is a leaf option; planning with m_p enumerates ve
 remaining planner budget in DFS order. Everything is vectorised over arrays of (lam, mu).
 
 The optimum knows each node's latent hardness; a router sees it only through the text.
+
+Pool events (gp_jax/llm/sim_events.py) make the pool a function of the query's position: `_prepare`
+sets, per query, the prices, the LLMs that can be called (not failed, already joined) and, when an
+LLM of the space has failed, the option to call it anyway: a failed call costs nothing and answers
+nothing, so executing a node with a failed LLM is worth exactly 0 (an abstention, which beats every
+real answer whose expected cost exceeds what its success is worth), and in Phase 1 a failed
+planner call lets the node be executed directly (the MDP's plan_failed rule). Every other use of a
+failed LLM is dominated (same value as skipping the call, or worse), so the optimum ignores it.
 """
 from __future__ import annotations
 
@@ -71,6 +79,12 @@ class OptimalSolver:
     prof = [world.profiles[m] for m in self.llms]
     self.price_in = np.array([p.price_in for p in prof]) / 1e6 / reward_lib.COST_UNIT_USD
     self.price_out = np.array([p.price_out for p in prof]) / 1e6 / reward_lib.COST_UNIT_USD
+    self._base_prices = (self.price_in, self.price_out)
+    # The pool at the current query (pool events; set by _prepare): callable LLMs per use, and a
+    # failed LLM of the space whose call is a free abstention (None: no LLM has failed).
+    self._usable = set(self.llms)
+    self._planners, self._mergers = self.planner_llms, self.merger_llms
+    self._failed = None
     self.rho = np.array([p.summary_quality for p in prof])
     self.phi = np.array([p.final_quality for p in prof])
     self.tau = np.array([p.think_quality for p in prof])
@@ -116,11 +130,26 @@ class OptimalSolver:
     root = self.world.lookup(query.query)
     return self._best(root, 0, self.cfg.p_max, 1.0, 0.0, True)
 
+  def failed_llm(self, query: Query) -> str | None:
+    """The failed LLM the optimum calls to abstain at `query` (None when no LLM has failed)."""
+    self._prepare(query)
+    return self._failed
+
   def _prepare(self, query: Query) -> None:
     desc, fmt = self.describe(query)
     self._desc, self._fmt = sim.count_tokens(desc), sim.count_tokens(fmt)
-    if self.world.lookup(query.query) is None:
+    root = self.world.lookup(query.query)
+    if root is None:
       raise ValueError(f"query {query.qid} is not a simulated query")
+    events = self.world.events
+    if events is not None:   # the pool as it is at this query (every node of it shares the root's)
+      scale = np.array([events.price_scale(m, root.key) for m in self.llms])
+      self.price_in, self.price_out = self._base_prices[0] * scale, self._base_prices[1] * scale
+      failed = [m for m in self.llms if events.failed(m, root.key)]
+      self._usable = {m for m in self.llms if m not in failed and not events.absent(m, root.key)}
+      self._planners = [m for m in self.planner_llms if m in self._usable]
+      self._mergers = [m for m in self.merger_llms if m in self._usable]
+      self._failed = failed[0] if failed else None
 
   # ---- options ---------------------------------------------------------------------------------
   def _exec_options(self, node, root):
@@ -148,6 +177,13 @@ class OptimalSolver:
     p = np.concatenate([o[0] for o in opts]); cost = np.concatenate([o[1] for o in opts])
     out = np.concatenate([o[2] for o in opts]); labels = sum((o[3] for o in opts), [])
     assert len(p) == len(labels) and len(p) % K == 0
+    if self.world.events is not None:
+      keep = [i for i, (t, m) in enumerate(labels)
+              if m in self._usable and (t is None or t in self._usable)]
+      p, cost, out, labels = p[keep], cost[keep], out[keep], [labels[i] for i in keep]
+      if self._failed is not None:   # the free abstention (module docstring)
+        p, cost, out = (np.append(x, 0.0) for x in (p, cost, out))
+        labels.append((None, self._failed))
     return p, cost, out, labels
 
   def _plan_combos(self, node, m_p, root):
@@ -175,8 +211,8 @@ class OptimalSolver:
                   for k in kids)
     ver_out = sum(sim.count_tokens(sim.answer_line(k.gold)) for k in kids)
     a, const, fixed, mu_c, out_s, labels = [], [], [], [], [], []
-    verifiers = [None] + (self.llms if self.can_verify else [])
-    finals = self.merger_llms if root else [None]
+    verifiers = [None] + ([m for m in self.llms if m in self._usable] if self.can_verify else [])
+    finals = self._mergers if root else [None]
     for v in verifiers:
       vi = None if v is None else self.llms.index(v)
       r = 0.0 if v is None else self.rv[vi]
@@ -187,7 +223,7 @@ class OptimalSolver:
         ver_cost = self._cost(in_v, ver_out)[vi]
         mu_child = self.price_in[vi]
         ans_tok = ver_out   # the summary then reads the verifier's answer lines
-      for s in self.merger_llms:
+      for s in self._mergers:
         si = self.llms.index(s)
         o_s = self.world.output_tokens("summarizer", node, s)
         in_s = self._fields_tokens("summarizer", node.text) + child_q + ans_tok
@@ -216,7 +252,12 @@ class OptimalSolver:
             and depth < self.max_plan_depth)
 
   def _may_exec(self, depth):
-    return not (self.cfg.phase1 and depth < self.cfg.phase1_depth)
+    return not (self.cfg.phase1 and depth < self.cfg.phase1_depth) or self._phase1_escape()
+
+  def _phase1_escape(self) -> bool:
+    """Phase 1 with a failed LLM that may plan: its failed planner call (free) leaves the node to
+    be executed directly."""
+    return self.cfg.phase1 and self._failed is not None and self._failed in self.planner_llms
 
   # ---- vectorised values -------------------------------------------------------------------------
   def _solve(self, node, depth, budget, lam, mu, root=False, dedup=True):
@@ -232,8 +273,10 @@ class OptimalSolver:
       vals = lam_u[:, None] * p[None] - al * cost[None] - mu_u[:, None] * out[None]
       best = np.maximum(best, vals.max(1))
     if self._may_plan(depth, budget):
-      for m_p in self.planner_llms:
+      for m_p in self._planners:
         kids, plan_cost, a, const, fixed, mu_c, out_s, _ = self._plan_combos(node, m_p, root)
+        if not len(a):   # no LLM left to summarise (pool events)
+          continue
         lam_c = (lam_u[:, None] * a[None]).ravel()
         mu_cc = np.broadcast_to(al * mu_c[None], (len(lam), len(a))).ravel()
         kid_vals = self._children(kids, depth + 1, budget - 1, lam_c, mu_cc).reshape(len(lam), len(a))
@@ -263,8 +306,10 @@ class OptimalSolver:
       i = int(np.argmax(vals))
       best_v, best_plan = float(vals[i]), PlanNode("exec", llm=labels[i][1], thinker=labels[i][0])
     if self._may_plan(depth, budget):
-      for m_p in self.planner_llms:
+      for m_p in self._planners:
         kids, plan_cost, a, const, fixed, mu_c, out_s, labels = self._plan_combos(node, m_p, root)
+        if not len(a):
+          continue
         kid_vals = self._children(kids, depth + 1, budget - 1, lam * a, al * mu_c)
         vals = kid_vals + lam * const - al * fixed - mu * out_s - al * plan_cost
         c = int(np.argmax(vals))
@@ -315,6 +360,10 @@ class OraclePolicy:
     if node.status == mdp.PENDING:
       if plan.kind == "plan":
         return space.encode(kinds["planner"], plan.llm)
+      cfg = self.solver.cfg
+      if cfg.phase1 and node.depth < cfg.phase1_depth and not node.plan_failed:
+        # Executing a node Phase 1 would plan: first the failed LLM's (free) planner call.
+        return space.encode(kinds["planner"], self.solver.failed_llm(query))
       if plan.thinker and not node.thought:
         return space.encode(kinds["thinker"], plan.thinker)
       return space.encode(kinds["executor"], plan.llm)

@@ -40,7 +40,9 @@ def single_llm_policy(space: mdp.ActionSpace, llm: str) -> Policy:
     for a in np.flatnonzero(mask):
       if a % space.num_llms == k:
         return int(a)
-    return int(np.flatnonzero(mask)[0])
+    # The LLM is not in the pool here (before a join event): another LLM's executor answers.
+    answer = np.flatnonzero(mask & executor)
+    return int(answer[0] if len(answer) else np.flatnonzero(mask)[0])
   return act
 
 
