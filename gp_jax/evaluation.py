@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from gp_jax import aio
+from gp_jax import errors
 from gp_jax import system as system_lib
 from gp_jax.llm import simulator as sim
 from gp_jax.rl import rollout
@@ -24,6 +25,10 @@ from gp_jax.workflow import env as env_lib
 from gp_jax.workflow import mdp
 from gp_jax.workflow import optimal
 from gp_jax.workflow import policies
+
+
+ROUTER = "GraphPlanner"
+ONLINE_LABEL = " (online memory)"
 
 
 @dataclasses.dataclass
@@ -59,15 +64,23 @@ def summarize(name: str, system, env, queries: list[Query], states) -> list[Row]
   return rows
 
 
-def run_router(system, env, model, params, history, queries, *, parallel: int, seed: int):
+def run_router(system, env, model, params, history, queries, *, parallel: int, seed: int,
+               online: bool = False):
   """Greedy router episodes' final states. history: the memory the router reads (transductive,
-  summary and retrieval modes; the model says which), None for inductive."""
+  summary and retrieval modes; the model says which), None for inductive. online: the evaluated
+  episodes join (a copy of) the history as they finish, within its capacity, weights frozen
+  (rollout.run_episodes)."""
+  if online:
+    if history is None:
+      raise errors.ConfigError("eval.online_history needs a router that reads a history memory "
+                               "(model.history other than 'inductive')")
+    history = dataclasses.replace(history, rows=history.rows.copy(), hubs=history.hubs.copy())
   runner = rollout.PolicyRunner(model, system.featurizer.hub_features, parallel,
                                 featurizer=system.featurizer)
   runner.set_params(params, history)
   eps = aio.run(rollout.run_episodes(
       env, system.featurizer, runner, queries, key=jax.random.PRNGKey(seed), greedy=True,
-      history=history, grow_history=False, seed_salt=("eval", seed)))
+      history=history, grow_history=online, seed_salt=("eval", seed), online=online))
   return [e.state for e in eps]
 
 
@@ -83,16 +96,18 @@ def optimum_rows(name: str, system: system_lib.System, env, queries: list[Query]
 
 
 def evaluate(system: system_lib.System, alpha: float, *, router=None, baselines: bool = True,
-             optimum: bool = True, parallel: int = 64, seed: int = 0) -> list[Row]:
-  """Rows for every policy on the system's test queries. router = (model, params, history|None)."""
+             optimum: bool = True, parallel: int = 64, seed: int = 0,
+             online_history: bool = False) -> list[Row]:
+  """Rows for every policy on the system's test queries. router = (model, params, history|None);
+  online_history: its row is "GraphPlanner (online memory)" (run_router's online mode)."""
   env = system.env(alpha)
   queries = system.test_queries
   rows: list[Row] = []
   if router is not None:
     model, params, history = router
-    rows += summarize("GraphPlanner", system, env, queries,
+    rows += summarize(ROUTER + (ONLINE_LABEL if online_history else ""), system, env, queries,
                       run_router(system, env, model, params, history, queries,
-                                 parallel=parallel, seed=seed))
+                                 parallel=parallel, seed=seed, online=online_history))
   if baselines:
     rows += summarize("random", system, env, queries,
                       policies.run_policy(env, policies.random_policy, queries, seed=seed))
@@ -126,8 +141,9 @@ def verdict(rows: list[Row]) -> dict:
   """Router vs optimum and vs the best single-LLM policy (on 'all')."""
   o = overall(rows)
   res = {}
-  if "GraphPlanner" in o:
-    r = o["GraphPlanner"].reward
+  router = next((k for k in (ROUTER, ROUTER + ONLINE_LABEL) if k in o), None)
+  if router is not None:
+    r = o[router].reward
     singles = {k: v.reward for k, v in o.items() if k.startswith("single:")}
     if "optimum (DP)" in o:
       res["ratio_to_optimum"] = r / o["optimum (DP)"].reward if o["optimum (DP)"].reward else float("nan")

@@ -111,4 +111,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval = ml_collections.ConfigDict()
   c.eval.baselines = True          # random and single-LLM policies
   c.eval.optimum = True            # exact DP optimum (simulator only)
+  c.eval.online_history = False    # online memory: evaluated episodes join the router's history as
+                                   # they finish (weights frozen, model.history_capacity bounds it);
+                                   # its row is "GraphPlanner (online memory)"
   return c

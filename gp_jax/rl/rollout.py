@@ -9,6 +9,8 @@ History ablations (the model's fields say which): history_input="summary" reads 
 embeddings made from the history memory at each `set_params` (fixed for the iteration, so the PPO
 update is given the same array: `history_input_array`); retrieval_k > 0 adds the k most similar
 history rows to every observation (stored with it, so the update sees the same rows).
+Online memory (evaluation, weights frozen): `online=True` lets finished episodes join the history
+as in training and keeps it within its capacity as they join (see `run_episodes`).
 """
 from __future__ import annotations
 
@@ -123,6 +125,21 @@ class PolicyRunner:
       self.hub_sum += np.asarray(s)
       self.hub_count += np.asarray(c)
 
+  def remove_history(self, rows: np.ndarray, hubs: np.ndarray) -> None:
+    """Evicted history rows: subtracted from the kept sums (online memory; same parameters as
+    when they were added, so each row's transform is the one that was added)."""
+    if not self.keeps_sums:
+      return
+    for i in range(0, len(rows), ROW_CHUNK):
+      r, h = rows[i:i + ROW_CHUNK], hubs[i:i + ROW_CHUNK]
+      pr = np.zeros((ROW_CHUNK, rows.shape[1]), np.float32)
+      pr[:len(r)] = r
+      ph = np.full(ROW_CHUNK, self.num_hubs, np.int32)
+      ph[:len(h)] = h
+      s, c = self._rows_chunk(self.params, pr, ph)
+      self.hub_sum -= np.asarray(s)
+      self.hub_count -= np.asarray(c)
+
   def act(self, obs: dict, key, greedy: bool):
     a, lp, v = self._act(self.params, self.hub_features, self.hub_sum, self.hub_count, obs, key,
                          jnp.asarray(greedy))
@@ -157,15 +174,26 @@ def episode_seed(*keys) -> int:
 async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featurizer,
                        runner: PolicyRunner, queries: list[Query], *, key: jax.Array,
                        greedy: bool, history: history_lib.HistoryMemory | None,
-                       grow_history: bool, seed_salt, task_text=None) -> list[Episode]:
+                       grow_history: bool, seed_salt, task_text=None, online: bool = False
+                       ) -> list[Episode]:
   """Runs one episode per query, runner.batch_size at a time; returns them in query order.
+
+  Episodes that finish at one lock-step join the history together after it (when it grows), so
+  every later decision reads them and no decision of the same or an earlier lock-step does.
 
   Args:
     history: the history memory decisions read (None: inductive, no history).
     grow_history: add each finished episode's calls to `history` (training, transductive).
     seed_salt: mixed into each episode's LLM sampling seed.
     task_text: query -> text embedded as the task node (default: task description).
+    online: test-time online memory (needs grow_history and a history): the episodes finishing at
+      one lock-step join in query order, and the oldest rows beyond history.capacity are evicted
+      at once (the decision sums, the summary and the retrieval index follow), so the memory
+      never holds more than its capacity when a decision reads it. Snapshots then no longer
+      index the rows: such episodes are not for a PPO update.
   """
+  if online and (history is None or not grow_history):
+    raise ValueError("online memory needs a history memory and grow_history=True")
   task_text = task_text or (lambda q: env.describe(q)[0])
   encoder = featurizer.encoder
   pending = list(enumerate(queries))[::-1]
@@ -202,7 +230,7 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
     snap = history.snapshot() if history is not None else 0
     results = await asyncio.gather(*[
         env.step(ep.state, ep.query, int(actions[j]), ep.seed) for j, (_, (_, ep)) in enumerate(live)])
-    new_rows, new_hubs = [], []
+    new_rows, new_hubs, new_ids = [], [], []
     for j, ((s, (i, ep)), res) in enumerate(zip(live, results)):
       ep.obs.append(obs[j]); ep.actions.append(int(actions[j])); ep.logp.append(float(logp[j]))
       ep.values.append(float(values[j])); ep.rewards.append(res.reward); ep.snapshots.append(snap)
@@ -212,10 +240,24 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
         if grow_history and history is not None:
           new_rows.append(featurizer.memory_rows(ep.state.calls, ep.utility))
           new_hubs.append(np.array([c.action for c in ep.state.calls], np.int32))
+          new_ids.append(i)
         done[i] = ep
         start(s)
     if new_rows:   # episodes finished in this lock-step join the history for the next decisions
+      if online:   # in query order (training keeps slot order)
+        order = np.argsort(new_ids, kind="stable")
+        new_rows, new_hubs = [new_rows[k] for k in order], [new_hubs[k] for k in order]
       rows, hubs = np.concatenate(new_rows), np.concatenate(new_hubs)
       history.add(rows, hubs)
       runner.add_history(rows, hubs)
+      if online:
+        drop = len(history) - history.capacity
+        if drop > 0:
+          old_rows, old_hubs = history.rows[:drop], history.hubs[:drop]
+          history.evict()
+          runner.remove_history(old_rows, old_hubs)
+          if index is not None:   # the index assumes a growing history: rebuild it
+            index = features_lib.RetrievalIndex(featurizer, runner.retrieval_k)
+        if runner.summary:   # the per-hub summary text follows the memory
+          runner.set_params(runner.params, history)
   return [done[i] for i in range(len(queries))]
