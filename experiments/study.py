@@ -2,18 +2,22 @@
 
   python -m experiments.study --study=phases --workdir=runs/studies/phases
   python -m experiments.study --study=ablations --config=experiments/configs/study.py:test --workdir=/tmp/abl
+  python -m experiments.study --study=drift --config=experiments/configs/study.py:test --workdir=/tmp/drift
 Rerunning skips finished (variant, seed) cells and resumes interrupted training. Studies:
-phases, unseen, ablations, roles (gp_jax/studies/definitions.py). Then: python -m experiments.report.
+phases, unseen, ablations, roles (gp_jax/studies/definitions.py), drift (gp_jax/studies/drift.py:
+pool events during evaluation; writes <workdir>/report.md and .png). Then: python -m experiments.report.
 """
 from absl import flags
 
 from experiments import common
 from gp_jax.baselines import sweep as sweep_lib
 from gp_jax.studies import definitions
+from gp_jax.studies import drift
 from gp_jax.studies import runner
 
 _CONFIG = common.define_config("experiments/configs/study.py", "Study config.")
-_STUDY = flags.DEFINE_string("study", None, "phases | unseen | ablations | roles", required=True)
+_STUDY = flags.DEFINE_string("study", None, "phases | unseen | ablations | roles | drift",
+                             required=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory (default runs/studies/<study>).")
 
 
@@ -21,8 +25,14 @@ _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory (default runs/s
 def main(argv):
   del argv
   c = _CONFIG.value
-  variants = definitions.variants(_STUDY.value, c)
   s = c.study
+  if _STUDY.value == drift.STUDY:   # pool events: its own cells (per-query rewards) and report
+    workdir = _WORKDIR.value or f"runs/studies/{drift.STUDY}"
+    res = drift.DriftRunner(c, workdir).run(sweep_lib.parse_list(s.seeds, "study.seeds", int))
+    print(f"ran {len(res['ran'])} cells, skipped {len(res['skipped'])} finished ones, in "
+          f"{res['seconds']:.0f}s; report: {drift.write_report(workdir)}")
+    return
+  variants = definitions.variants(_STUDY.value, c)
   kwargs = dict(knn_k=int(s.knn_k), mlp_hidden=int(s.mlp_hidden), steps=int(s.router_steps))
   workdir = _WORKDIR.value or f"runs/studies/{_STUDY.value}"
   res = runner.StudyRunner(c, workdir, _STUDY.value, variants, router_kwargs=kwargs).run(

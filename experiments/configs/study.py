@@ -30,6 +30,16 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                         "qwen2.5-7b-instruct,llama-3.1-8b-instruct,gemma-2-9b-it,"
                         "llama3-chatqa-1.5-70b,llama-3.3-nemotron-super-49b-v1")   # "" = config.llms
   c.study.roles_n_test = 0 if arg == "test" else 150   # 0 = config.data.n_test
+  # Drift study (gp_jax/studies/drift.py): pool events at query drift_t of the test stream.
+  c.study.drift_events = "quality_drop,price_rise,fail,join"   # events, one cell per event and seed
+  c.study.drift_llm = "qwen2.5-7b-instruct"   # LLM whose skill drops, price rises or that fails
+  c.study.drift_join_llm = "llama-3.3-nemotron-super-49b-v1"   # LLM that joins (not in config.llms)
+  c.study.drift_t = 8 if arg == "test" else 100        # event position in the test stream
+  c.study.drift_delta = -3.0       # quality_drop: logit added to drift_llm's skill on every domain
+  c.study.drift_price_scale = 4.0  # price_rise: multiplier of drift_llm's prices
+  c.study.drift_window = 4 if arg == "test" else 25    # queries per window of the reward curve
+  c.study.drift_recovery_after = 8 if arg == "test" else 100   # recovery measured this many
+                                   # queries after the event, over one window
   c.study.knn_k = 10               # single-round router settings (as in the sweep)
   c.study.mlp_hidden = 64
   c.study.router_steps = 500 if arg == "" else 100

@@ -19,6 +19,7 @@ import numpy as np
 
 from gp_jax import errors
 from gp_jax.baselines import report as sweep_report
+from gp_jax.studies import drift
 from gp_jax.studies import runner as runner_lib
 
 OPTIMUM = "optimum (DP)"
@@ -225,6 +226,14 @@ def write_full_report(root: str | pathlib.Path, out: str | pathlib.Path) -> path
   for name in list(TITLES) + sorted(p.name for p in studies.glob("*") if p.name not in TITLES):
     d = studies / name
     if not d.is_dir():
+      continue
+    if name == drift.STUDY:   # per-query rewards around a pool event: its own summary
+      cells = drift.load_cells(d)
+      if cells:
+        png = out.with_name(f"{stem}_{name}.png")
+        drift.plot(drift.summarize(cells), png)
+        parts += ["", drift.markdown(cells, png.name)]
+        found = True
       continue
     cells = load_study(d)
     if not cells:
