@@ -22,6 +22,14 @@ from gp_jax import errors
 CONFIG_FILE = "config.json"
 # Never compared: where caches and servers are, how long to wait, whether replies are replayed.
 RUNTIME_FIELDS = ("compile_cache", "request_timeout_s", "endpoints_file", "replay", "text.cache")
+# Sections added after workdirs were recorded, with the test that says the current config leaves
+# them off (then it runs exactly as before they existed): a record without the section matches.
+SWITCHED_OFF_WHEN = {
+    "data.sim_events": lambda flat: all(
+        not str(flat.get(f"data.sim_events.{kind}.llm", "")).strip()
+        for kind in ("quality", "price", "join", "fail")),
+    "eval.online_history": lambda flat: not flat.get("eval.online_history", False),
+}
 
 
 def flatten(config) -> dict:
@@ -47,9 +55,12 @@ def _ignored(key: str, ignore) -> bool:
 
 def differences(recorded: dict, current: dict, ignore=()) -> list[tuple[str, object, object]]:
   """(key, recorded value, current value) of every compared field that differs; a field that
-  one side lacks shows as "<absent>" there."""
+  one side lacks shows as "<absent>" there. A section of SWITCHED_OFF_WHEN that the record lacks
+  is not compared while the current config leaves it off (a record made before it existed)."""
   ignore = tuple(RUNTIME_FIELDS) + tuple(ignore)
   absent = "<absent>"
+  ignore += tuple(prefix for prefix, off in SWITCHED_OFF_WHEN.items()
+                  if not any(_ignored(k, (prefix,)) for k in recorded) and off(current))
   out = []
   for key in sorted(set(recorded) | set(current)):
     if _ignored(key, ignore):

@@ -101,3 +101,46 @@ def test_sweep_runner_refuses_another_config_with_exit_2(tmp_path):
     c2 = c.copy_and_resolve_references()
     c2.sweep.routers = "knn,mlp"
     sweep.sweep_from_config(c2, tmp_path, verbose=False)
+
+
+def test_a_record_older_than_the_pool_events_matches_while_they_are_off(tmp_path):
+  """Workdirs recorded before config.data.sim_events and eval.online_history existed still resume
+  with them off; turning one on is a changed config."""
+  c = test_config.get_config()
+  old = workdir_config.flatten(c)
+  old = {k: v for k, v in old.items()
+         if not k.startswith("data.sim_events.") and k != "eval.online_history"}
+  wd = tmp_path / "w"
+  wd.mkdir()
+  (wd / "config.json").write_text(json.dumps(old))
+  workdir_config.check_or_record(wd, c)
+  c.data.sim_events.fail.llm = "qwen2.5-7b-instruct"
+  with pytest.raises(errors.ConfigError, match=r"data.sim_events.fail.llm: recorded '<absent>'"):
+    workdir_config.check_or_record(wd, c)
+  c = test_config.get_config()
+  c.eval.online_history = True
+  with pytest.raises(errors.ConfigError, match=r"eval.online_history: recorded '<absent>'"):
+    workdir_config.check_or_record(wd, c)
+  new = tmp_path / "n"                      # recorded with the section: compared as usual
+  workdir_config.check_or_record(new, test_config.get_config())
+  c = test_config.get_config()
+  c.data.sim_events.fail.t = 3
+  with pytest.raises(errors.ConfigError, match=r"data.sim_events.fail.t: recorded 0, now 3"):
+    workdir_config.check_or_record(new, c)
+
+
+def test_a_study_record_older_than_the_drift_settings_still_resumes(tmp_path):
+  from experiments.configs import study as study_config
+  from gp_jax.studies import definitions
+  from gp_jax.studies import runner
+  c = study_config.get_config("test")
+  wd = tmp_path / "phases"
+  wd.mkdir()
+  old = {k: v for k, v in workdir_config.flatten(c).items()
+         if not k.startswith(("study.drift_", "data.sim_events.")) and k != "eval.online_history"}
+  (wd / "config.json").write_text(json.dumps(old))
+  study = runner.StudyRunner(c, wd, "phases", definitions.variants("phases", c), verbose=False)
+  assert study.run([])["ran"] == []
+  c.study.knn_k = 3                          # other study fields are still compared
+  with pytest.raises(errors.ConfigError, match="study.knn_k"):
+    runner.StudyRunner(c, wd, "phases", definitions.variants("phases", c), verbose=False).run([])

@@ -196,7 +196,10 @@ class StudyRunner:
 
   def run(self, seeds: list[int]) -> dict:
     # Every cell of a study workdir comes from one config; more seeds may be added later.
-    workdir_config.check_or_record(self.workdir, self.config, ignore=("study.seeds",),
+    # The drift study's settings (gp_jax/studies/drift.py) do not change the other studies.
+    drift_fields = tuple(f"study.{k}" for k in self.config.study if k.startswith("drift_"))
+    workdir_config.check_or_record(self.workdir, self.config,
+                                   ignore=("study.seeds",) + drift_fields,
                                    what=f"{self.study} study")
     t0 = time.time()
     ran, skipped = [], []
