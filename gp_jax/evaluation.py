@@ -16,6 +16,7 @@ import jax
 import numpy as np
 
 from gp_jax import aio
+from gp_jax import files
 from gp_jax import system as system_lib
 from gp_jax.llm import simulator as sim
 from gp_jax.rl import rollout
@@ -143,7 +144,9 @@ def verdict(rows: list[Row]) -> dict:
 def write(rows: list[Row], alpha: float, path: str | pathlib.Path) -> dict:
   path = pathlib.Path(path)
   v = verdict(rows)
-  path.with_suffix(".json").write_text(json.dumps(
-      dict(alpha=alpha, verdict=v, rows=[dataclasses.asdict(r) for r in rows]), indent=1))
-  path.with_suffix(".md").write_text(format_table(rows, alpha) + "\n")
+  files.write_atomic(path.with_suffix(".json"), json.dumps(
+      dict(alpha=alpha, verdict=v, rows=[dataclasses.asdict(r) for r in rows]), indent=1),
+      "the evaluation report")
+  files.write_atomic(path.with_suffix(".md"), format_table(rows, alpha) + "\n",
+                     "the evaluation report")
   return v
