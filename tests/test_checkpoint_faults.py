@@ -57,6 +57,9 @@ def whole(tmp_path_factory, system):
   wd = tmp_path_factory.mktemp("whole")
   train_lib.train(config(), wd, system=system, verbose=False)
   pipeline.evaluate_run(config(), wd, system=system, verbose=False)
+  report = json.loads((wd / "eval.json").read_text())
+  assert report["simulated"] is True and report["pool"] == {}   # the simulator keeps no counters
+  assert "optimum (DP)" in {r["policy"] for r in report["rows"]}
   return wd
 
 
