@@ -1,5 +1,6 @@
 """Shared runner plumbing: one clear error line and exit 2 for user errors."""
 import ast
+import errno
 import functools
 import sys
 
@@ -10,6 +11,10 @@ from ml_collections import config_flags
 
 from gp_jax import errors
 
+# OSErrors about the storage rather than about the program: reported in one line, exit 2.
+_STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
+                   errno.ENOTDIR, errno.EISDIR, errno.EIO)
+
 
 def user_errors_exit_2(main):
   @functools.wraps(main)
@@ -19,6 +24,12 @@ def user_errors_exit_2(main):
       return main(argv)
     except errors.GpJaxError as e:
       print(f"error: {e}", file=sys.stderr)
+      sys.exit(2)
+    except OSError as e:   # a write the library does not wrap (disk full, read-only, no access)
+      if e.errno not in _STORAGE_ERRNOS:
+        raise
+      where = f"{e.filename}: " if e.filename else ""
+      print(f"error: {where}{e.strerror or e}", file=sys.stderr)
       sys.exit(2)
   return wrapped
 

@@ -13,6 +13,11 @@ class DataError(GpJaxError, ValueError):
   """An input file is missing or malformed. The message names file, line and field."""
 
 
+class StorageError(GpJaxError, OSError):
+  """A file or folder cannot be written (disk full, read-only or unwritable location). The
+  message names the path and says what was kept."""
+
+
 class BackendError(GpJaxError, RuntimeError):
   """An LLM backend cannot be reached or answered unusably at start-up."""
 

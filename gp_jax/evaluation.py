@@ -4,6 +4,11 @@ Compares the trained router (greedy), a uniformly random valid policy, every sin
 executor-only policy and, on the simulator, the exact optimum. On the simulator the reported
 reward is the expected reward of each episode's actual decisions, E[U | calls] - alpha * cost,
 which removes the simulator's sampling noise; accuracy is the realised one.
+
+"On the simulator" is `System.simulated`, the test training uses too: real backends answering
+simulated queries get sampled rewards (scored answers) and no optimum, since the simulator's
+expectations say nothing about real answers. The report says which reward it shows, and the
+pool's counters over the evaluation (requests, faults by kind, retries, failed calls).
 """
 from __future__ import annotations
 
@@ -17,6 +22,7 @@ import numpy as np
 
 from gp_jax import aio
 from gp_jax import errors
+from gp_jax import files
 from gp_jax import system as system_lib
 from gp_jax.llm import simulator as sim
 from gp_jax.rl import rollout
@@ -47,7 +53,7 @@ def episode_stats(system: system_lib.System, env: env_lib.WorkflowEnv, q: Query,
   """(realised utility, cost units, reward, calls) of one finished episode."""
   u = env.utility(state, q)
   cost = env.cost_units(state)
-  expected_u = sim.expected_utility(system.world, state) if system.world is not None else u
+  expected_u = sim.expected_utility(system.world, state) if system.simulated else u
   return u, cost, expected_u - env.alpha * cost, len(state.calls)
 
 
@@ -115,7 +121,7 @@ def evaluate(system: system_lib.System, alpha: float, *, router=None, baselines:
       rows += summarize(f"single:{llm}", system, env, queries,
                         policies.run_policy(env, policies.single_llm_policy(system.space, llm),
                                             queries, seed=seed))
-  if optimum and system.world is not None:
+  if optimum and system.simulated:
     rows += optimum_rows("optimum (DP)", system, env, queries, seed=seed)
   return rows
 
@@ -156,10 +162,49 @@ def verdict(rows: list[Row]) -> dict:
   return res
 
 
-def write(rows: list[Row], alpha: float, path: str | pathlib.Path) -> dict:
+REWARD_KINDS = {
+    True: "expected: E[U | the calls made] - alpha x cost under the simulator (its answers)",
+    False: "sampled: the scored final answer - alpha x cost (real LLM answers; the simulator's "
+           "expectations and optimum do not apply)",
+}
+
+
+def pool_counters(before: dict, after: dict) -> dict:
+  """The numeric pool counters (LLMPool.stats()) accumulated between two snapshots: calls, ok,
+  failed, retries, errors/<kind>, faults/<kind>, requests/<replica>, tokens, cost..."""
+  out = {}
+  for k, v in sorted(after.items()):
+    if isinstance(v, (int, float)) and not isinstance(v, bool):
+      d = v - before.get(k, 0)
+      out[k] = round(d, 6) if isinstance(d, float) else d
+  return out
+
+
+def format_pool(counters: dict) -> str:
+  """Markdown table of the pool counters (or a line saying the pool keeps none)."""
+  out = ["\n### LLM pool during the evaluation\n"]
+  if not counters:
+    out.append("No counters: the simulator answers in-process (no requests, no faults).")
+    return "\n".join(out)
+  out += ["| counter | value |", "|---|---|"]
+  for k, v in counters.items():
+    out.append(f"| {k} | {v:.3f} |" if isinstance(v, float) else f"| {k} | {v} |")
+  return "\n".join(out)
+
+
+def write(rows: list[Row], alpha: float, path: str | pathlib.Path, *, simulated: bool,
+          pool: dict | None = None) -> dict:
+  """Writes <path>.json and <path>.md: the rows, the verdict, which reward the rows hold
+  (`simulated`: expected under the simulator, else sampled) and the pool counters; returns the
+  verdict."""
   path = pathlib.Path(path)
   v = verdict(rows)
-  path.with_suffix(".json").write_text(json.dumps(
-      dict(alpha=alpha, verdict=v, rows=[dataclasses.asdict(r) for r in rows]), indent=1))
-  path.with_suffix(".md").write_text(format_table(rows, alpha) + "\n")
+  pool = dict(pool or {})
+  files.write_atomic(path.with_suffix(".json"), json.dumps(
+      dict(alpha=alpha, simulated=simulated, reward=REWARD_KINDS[simulated], verdict=v,
+           rows=[dataclasses.asdict(r) for r in rows], pool=pool), indent=1),
+      "the evaluation report")
+  md = (f"Reward: {REWARD_KINDS[simulated]}.\n" + format_table(rows, alpha) + "\n" +
+        format_pool(pool) + "\n")
+  files.write_atomic(path.with_suffix(".md"), md, "the evaluation report")
   return v

@@ -5,6 +5,10 @@ switching a fresh file to WAL or building its shared-memory index, another conne
 `PRAGMA journal_mode=WAL` can fail at once with "database is locked" (seen with 3-4 processes
 opening a new file together, about one open in ten). `open_wal` retries those transient errors,
 with a short sleep, until the same timeout runs out.
+
+A damaged file (truncated, overwritten, not a database) is a DataError naming it (`check_intact`
+at open, `damaged` for errors while reading or writing), never a traceback and never a cache that
+quietly starts over without its rows.
 """
 from __future__ import annotations
 
@@ -12,6 +16,8 @@ import os
 import sqlite3
 import time
 from typing import Sequence
+
+from gp_jax import errors
 
 _TRANSIENT = ("database is locked", "database is busy", "database table is locked")
 
@@ -47,3 +53,27 @@ def open_wal(path: str | os.PathLike, statements: Sequence[str] = (), *, timeout
   except BaseException:
     db.close()
     raise
+
+
+def damaged(path: str | os.PathLike, what: str, e: sqlite3.DatabaseError, remedy: str
+            ) -> errors.DataError:
+  """The DataError for an SQLite file that cannot be read: "<path>: <what> is damaged (...)"."""
+  if isinstance(e, sqlite3.OperationalError) and is_transient(e):
+    return errors.DataError(f"{path}: {what} stayed locked by another process ({e})")
+  return errors.DataError(f"{path}: {what} is damaged or not an SQLite database ({e}); {remedy}")
+
+
+def check_intact(db: sqlite3.Connection, path: str | os.PathLike, what: str, remedy: str) -> None:
+  """Runs SQLite's quick_check (every page read once, ~1 s per few hundred MB), so that a damaged
+  file is refused when it is opened rather than failing, or losing rows, in the middle of a run.
+
+  Raises:
+    DataError: the file is damaged; names it, what it holds and `remedy`.
+  """
+  try:
+    rows = db.execute("PRAGMA quick_check").fetchall()
+  except sqlite3.DatabaseError as e:
+    raise damaged(path, what, e, remedy) from None
+  if rows != [("ok",)]:
+    first = rows[0][0] if rows else "no answer"
+    raise errors.DataError(f"{path}: {what} is damaged (SQLite quick_check: {first}); {remedy}")

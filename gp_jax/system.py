@@ -42,13 +42,21 @@ class System:
 
   sampling: base.SamplingParams = base.SamplingParams()
 
+  @property
+  def simulated(self) -> bool:
+    """Whether the simulator answers the calls (directly or through a replay cache recording it):
+    only then do its expected utility and exact optimum describe the answers. Training (the
+    "expected" reward) and every evaluation decide with this one test; with real backends on
+    simulated queries (backend=endpoints, data.source=simulated) it is False."""
+    return self.world is not None and _serves_simulator(self.pool)
+
   def env(self, alpha: float, reward: str = "sampled") -> env_lib.WorkflowEnv:
     """The routing environment. reward: "sampled" (the scored final answer) or "expected"
     (simulator only: E[U | the calls made], the same objective in expectation with less noise) or
     "auto" (expected on the simulator, sampled otherwise)."""
     if reward not in ("sampled", "expected", "auto"):
       raise errors.ConfigError(f"reward must be 'sampled', 'expected' or 'auto', got {reward!r}")
-    simulated = self.world is not None and _serves_simulator(self.pool)
+    simulated = self.simulated
     if reward == "auto":
       reward = "expected" if simulated else "sampled"
     expected = None

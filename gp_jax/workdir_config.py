@@ -18,6 +18,7 @@ import json
 import pathlib
 
 from gp_jax import errors
+from gp_jax import files
 
 CONFIG_FILE = "config.json"
 # Never compared: where caches and servers are, how long to wait, whether replies are replayed.
@@ -81,6 +82,7 @@ def check_or_record(workdir, config, *, ignore=(), what: str = "run") -> None:
     what: the kind of run, for the message ("training run", "sweep", ...).
   Raises:
     ConfigError: the recorded config differs in a compared field, or config.json is malformed.
+    StorageError: the workdir cannot be created or config.json not written.
   """
   workdir = pathlib.Path(workdir)
   path = workdir / CONFIG_FILE
@@ -101,7 +103,7 @@ def check_or_record(workdir, config, *, ignore=(), what: str = "run") -> None:
           f"{workdir} holds a {what} made with another config ({shown}{more}); rerun with the "
           f"recorded values ({path}) or use a new workdir")
     return
-  workdir.mkdir(parents=True, exist_ok=True)
-  tmp = path.with_suffix(".json.tmp")
-  tmp.write_text(json.dumps(current, indent=1, sort_keys=True) + "\n")
-  tmp.replace(path)
+  with files.storage_errors(workdir, f"the {what}'s folder"):
+    workdir.mkdir(parents=True, exist_ok=True)
+  files.write_atomic(path, json.dumps(current, indent=1, sort_keys=True) + "\n",
+                     f"the config record of this {what}")

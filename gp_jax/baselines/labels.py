@@ -70,7 +70,7 @@ def collect(system, queries: list[Query], *, seed: int = 0, concurrency: int = 6
     states = policies.run_policy(env, policies.single_llm_policy(system.space, llm), queries,
                                  seed=seed, concurrency=concurrency)
     for i, (q, s) in enumerate(zip(queries, states)):
-      utility[i, j] = (sim.expected_utility(system.world, s) if system.world is not None
+      utility[i, j] = (sim.expected_utility(system.world, s) if system.simulated
                        else env.utility(s, q))
       cost[i, j] = env.cost_units(s)
   llm_x = np.asarray(system.encoder.encode([system.catalog[m].description for m in llms]), np.float32)

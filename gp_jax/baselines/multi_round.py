@@ -135,7 +135,7 @@ async def _lockstep(env: env_lib.WorkflowEnv, queries: list[Query], decide: Deci
 
 def _episode_utility(system, env: env_lib.WorkflowEnv, state: mdp.WorkflowState, q: Query) -> float:
   """E[U | calls] on the simulator, the realised score elsewhere (as the evaluation reports)."""
-  if system.world is None:
+  if not system.simulated:
     return env.utility(state, q)
   return sim.expected_utility(system.world, state)
 
@@ -251,7 +251,7 @@ def _sub_utility(system, state, node_id: int, pipeline_utility: float) -> float:
   call = _sub_call(state, node_id)
   if call is None or call.error is not None:
     return 0.0
-  if system.world is None:
+  if not system.simulated:
     return float(pipeline_utility)
   info = system.world.lookup(state.nodes[node_id].text)
   return system.world.exec_probability(info, call.llm) if info is not None else 0.0
@@ -347,7 +347,7 @@ class LLMMultiRound(MultiRoundRouter):
   def fit(self, system, queries, *, seed):
     del queries, seed   # untrained
     self.space, self.encoder, self.pool = system.space, system.encoder, system.pool
-    self.simulated = system.world is not None
+    self.simulated = system.simulated
     self.router_llm = resolve_router_llm(system, self.router_llm_name)
     self.llms = list(system.space.llms)
     specs = [system.catalog[m] for m in self.llms]
@@ -733,7 +733,7 @@ def evaluate_multi(system, alpha: float, routers: dict[str, MultiRoundRouter],
   for name, router in routers.items():
     states = router.run(system, alpha, queries, seed=seed)
     rows += summarize(ROW_PREFIX + name, system, env, queries, states)
-    if isinstance(router, RouterR1) and system.world is not None and not system.mdp_cfg.phase1:
+    if isinstance(router, RouterR1) and system.simulated and not system.mdp_cfg.phase1:
       rows += router_r1_optimum(system, env, router.router_llm, queries, seed=seed)
     counts: dict[str, int] = {}
     for s in states:

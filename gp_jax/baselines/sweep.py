@@ -71,7 +71,7 @@ def run_cell(config, system, routers, alpha: float, seed: int, out: pathlib.Path
   model, params, history = train_lib.load_router(cfg, out / "graphplanner", system)
   hist = None if cfg.model.history == "inductive" else history
   rows = evaluation.evaluate(system, alpha, router=(model, params, hist), baselines=True,
-                             optimum=system.world is not None, parallel=int(cfg.train.parallel),
+                             optimum=system.simulated, parallel=int(cfg.train.parallel),
                              seed=seed)
   router_rows, picks = single_round.evaluate_routers(system, alpha, routers, system.test_queries,
                                                      seed=seed)
@@ -81,7 +81,7 @@ def run_cell(config, system, routers, alpha: float, seed: int, out: pathlib.Path
                                                        system.test_queries, seed=seed)
   rows += multi_rows
   picks.update(multi_picks)
-  record = dict(alpha=alpha, seed=seed, simulated=system.world is not None,
+  record = dict(alpha=alpha, seed=seed, simulated=system.simulated,
                 n_train=len(system.train_queries), n_test=len(system.test_queries),
                 llms=list(system.space.llms), router_picks=picks,
                 train=dict(episodes=summary["episodes"], seconds=summary["train_seconds"],

@@ -39,6 +39,11 @@ _SCHEMA = """CREATE TABLE IF NOT EXISTS completions (
   ok INTEGER NOT NULL, created REAL NOT NULL)"""
 
 
+# What to do about a damaged replay file (the message of its DataError ends with this).
+_REMEDY = ("restore it from a copy, or move it away to record the calls again (mode "
+           "'read-write'; an offline read-only rerun needs the original file)")
+
+
 class ReplayMissError(errors.ConfigError):
   """A read-only replay was asked for a call that was never recorded."""
 
@@ -108,26 +113,51 @@ class ReplayPool(base.LLMPool):
       else:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite_wal.open_wal(self.path, [_SCHEMA], timeout_s=busy_timeout_s)
+      sqlite_wal.check_intact(self._db, self.path, "the replay cache", _REMEDY)
       self._db.execute("SELECT key, completion, ok FROM completions LIMIT 1").fetchall()
     except sqlite3.DatabaseError as e:
-      raise errors.ConfigError(f"replay cache {self.path} is not a replay database ({e})") from None
+      if self._db is not None:
+        self._db.close()
+      if "not a database" in str(e):   # some other file given as the cache
+        raise errors.ConfigError(f"replay cache {self.path} is not a replay database ({e})"
+                                 ) from None
+      raise sqlite_wal.damaged(self.path, "the replay cache", e, _REMEDY) from None
+    except errors.DataError:
+      if self._db is not None:
+        self._db.close()
+      raise
 
   def _lookup(self, key: str) -> base.Completion | None:
-    with self._lock:
-      row = self._db.execute("SELECT completion FROM completions WHERE key=?", (key,)).fetchone()
-    return None if row is None else _completion_from_json(row[0])
+    try:
+      with self._lock:
+        row = self._db.execute("SELECT completion FROM completions WHERE key=?",
+                               (key,)).fetchone()
+    except sqlite3.DatabaseError as e:
+      raise sqlite_wal.damaged(self.path, "the replay cache", e, _REMEDY) from None
+    return None if row is None else self._decode(key, row[0])
+
+  def _decode(self, key: str, text: str) -> base.Completion:
+    try:
+      return _completion_from_json(text)
+    except (ValueError, TypeError, KeyError) as e:
+      raise errors.DataError(f"{self.path}: the replay cache's row {key[:12]} is damaged "
+                             f"({type(e).__name__}: {e}); {_REMEDY}") from None
 
   def _store(self, key: str, model: str, req: str, c: base.Completion) -> base.Completion:
     """Inserts unless a successful answer is already stored; returns the stored answer."""
-    with self._lock:
-      with self._db:  # one transaction; sqlite3 waits up to busy_timeout for other writers
-        self._db.execute(
-            "INSERT INTO completions VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
-            "completion=excluded.completion, ok=excluded.ok, created=excluded.created "
-            "WHERE completions.ok = 0",
-            (key, model, req, _completion_json(c), int(c.ok), time.time()))
-        row = self._db.execute("SELECT completion FROM completions WHERE key=?", (key,)).fetchone()
-    return _completion_from_json(row[0])
+    try:
+      with self._lock:
+        with self._db:  # one transaction; sqlite3 waits up to busy_timeout for other writers
+          self._db.execute(
+              "INSERT INTO completions VALUES (?, ?, ?, ?, ?, ?) ON CONFLICT(key) DO UPDATE SET "
+              "completion=excluded.completion, ok=excluded.ok, created=excluded.created "
+              "WHERE completions.ok = 0",
+              (key, model, req, _completion_json(c), int(c.ok), time.time()))
+          row = self._db.execute("SELECT completion FROM completions WHERE key=?",
+                                 (key,)).fetchone()
+    except sqlite3.DatabaseError as e:
+      raise sqlite_wal.damaged(self.path, "the replay cache", e, _REMEDY) from None
+    return self._decode(key, row[0])
 
   async def chat(self, model: str, messages: Sequence[base.Message],
                  params: base.SamplingParams = base.SamplingParams()) -> base.Completion:

@@ -15,14 +15,20 @@ def evaluate_run(config, workdir, *, tag: str = "eval", system=None, verbose: bo
   system = system or system_lib.build(config)
   model, params, history = train_lib.load_router(config, workdir, system)
   hist = None if config.model.history == "inductive" else history   # summary/retrieval read it too
+  before = system.pool.stats()
   rows = evaluation.evaluate(system, float(config.alpha), router=(model, params, hist),
                              baselines=bool(config.eval.baselines),
                              optimum=bool(config.eval.optimum),
                              parallel=int(config.train.parallel), seed=int(config.seed),
                              online_history=bool(config.eval.get("online_history", False)))
-  v = evaluation.write(rows, float(config.alpha), pathlib.Path(workdir) / tag)
+  counters = evaluation.pool_counters(before, system.pool.stats())
+  v = evaluation.write(rows, float(config.alpha), pathlib.Path(workdir) / tag,
+                       simulated=system.simulated, pool=counters)
   if verbose:
+    print(f"reward: {evaluation.REWARD_KINDS[system.simulated]}")
     print(evaluation.format_table([r for r in rows if r.domain == "all"], float(config.alpha)))
+    if counters:
+      print(evaluation.format_pool(counters))
     if "ratio_to_optimum" in v:
       print(f"\nrouter / optimum expected reward: {v['ratio_to_optimum']:.3f}")
     if "best_single" in v:

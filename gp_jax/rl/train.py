@@ -20,6 +20,7 @@ import numpy as np
 
 from gp_jax import aio
 from gp_jax import errors
+from gp_jax import files
 from gp_jax import system as system_lib
 from gp_jax import workdir_config
 from gp_jax.graph import features as features_lib
@@ -88,18 +89,28 @@ def build_batch(episodes: list[rollout.Episode], history: history_lib.HistoryMem
 
 
 class MetricsLog:
-  """metrics.jsonl in the workdir; on resume, lines past the restored iteration are dropped."""
+  """metrics.jsonl in the workdir; on resume, lines past the restored iteration are dropped.
+
+  A run killed while appending can leave a partial last line: it belongs to an iteration past
+  the checkpoint, so it is dropped like the others. A malformed line before it is a DataError."""
 
   def __init__(self, path: pathlib.Path, keep_through_iteration: int):
     self.path = path
-    lines = path.read_text().splitlines() if path.exists() else []
-    kept = [l for l in lines if l.strip() and json.loads(l).get("iteration", -1) <= keep_through_iteration]
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(l + "\n" for l in kept))
-    tmp.replace(path)
+    lines = [l for l in (path.read_text().splitlines() if path.exists() else []) if l.strip()]
+    kept = []
+    for i, l in enumerate(lines):
+      try:
+        it = json.loads(l).get("iteration", -1)
+      except json.JSONDecodeError as e:
+        if i == len(lines) - 1:
+          break
+        raise errors.DataError(f"{path}: line {i + 1}: not valid JSON ({e.msg})") from None
+      if it <= keep_through_iteration:
+        kept.append(l)
+    files.write_atomic(path, "".join(l + "\n" for l in kept), "the training metrics")
 
   def write(self, record: dict) -> None:
-    with self.path.open("a") as f:
+    with files.storage_errors(self.path, "the training metrics"), self.path.open("a") as f:
       f.write(json.dumps(record, sort_keys=True) + "\n")
 
 
@@ -281,13 +292,20 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints")
   meta = dict(iteration=-1, episodes=0, running_reward=None, best_running=-math.inf,
               best_iteration=-1, stopped_early=False)
-  restored = ckpt.restore(jax.tree_util.tree_map(np.asarray, state), history)
+  try:
+    restored = ckpt.restore(jax.tree_util.tree_map(np.asarray, state), history)
+  except BaseException:
+    ckpt.close()
+    raise
   if restored is not None:
     state, meta = restored
     state = jax.tree_util.tree_map(jnp.asarray, state)
     if verbose:
       print(f"resumed from iteration {meta['iteration']} ({meta['episodes']} episodes, "
             f"{len(history)} history rows)", file=sys.stderr)
+  # Steps past the restored state (a best saved after the last latest, a damaged step) are
+  # written again by this run; left in place they would collide with it or be evaluated.
+  ckpt.discard_after(meta["iteration"])
   log = MetricsLog(workdir / "metrics.jsonl", meta["iteration"])
   runner = rollout.PolicyRunner(model, sysm.featurizer.hub_features, int(config.train.parallel),
                                 featurizer=sysm.featurizer)
@@ -369,11 +387,13 @@ def load_router(config, workdir, system: system_lib.System, *, best: bool = True
   state = init_state(model, system.featurizer, make_optimizer(config), config.seed)
   history = history_lib.HistoryMemory(system.featurizer.spec.row_dim, system.space.size,
                                       capacity=int(config.model.history_capacity))
-  ckpt = checkpoint_lib.Checkpointer(pathlib.Path(workdir) / "checkpoints")
-  restored = ckpt.restore(jax.tree_util.tree_map(np.asarray, state), history, best=best)
-  if restored is None:
-    restored = ckpt.restore(jax.tree_util.tree_map(np.asarray, state), history, best=False)
-  ckpt.close()
+  ckpt = checkpoint_lib.Checkpointer(pathlib.Path(workdir) / "checkpoints", read_only=True)
+  try:
+    restored = ckpt.restore(jax.tree_util.tree_map(np.asarray, state), history, best=best)
+    if restored is None:
+      restored = ckpt.restore(jax.tree_util.tree_map(np.asarray, state), history, best=False)
+  finally:
+    ckpt.close()
   if restored is None:
     raise errors.ConfigError(f"no checkpoint in {workdir}/checkpoints: train first")
   state, _ = restored

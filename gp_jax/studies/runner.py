@@ -250,7 +250,7 @@ class StudyRunner:
     rows = [dataclasses.asdict(r) for r in rows]
     rows += self._reference(ecfg, esys, tsys, v, seed, alpha)
     return dict(study=self.study, variant=v.name, seed=seed, alpha=alpha,
-                simulated=esys.world is not None, train_overrides=v.train,
+                simulated=esys.simulated, train_overrides=v.train,
                 eval_overrides=v.evaluate, history=v.history, few_shot=v.few_shot,
                 llms=list(esys.space.llms), roles=[r.name for r in esys.space.roles.roles],
                 n_test=len(esys.test_queries), shares=action_shares(esys, states),
@@ -271,7 +271,7 @@ class StudyRunner:
       rows = json.loads(path.read_text())["rows"]
     else:
       rows = [dataclasses.asdict(r) for r in evaluation.evaluate(
-          esys, alpha, router=None, baselines=True, optimum=esys.world is not None,
+          esys, alpha, router=None, baselines=True, optimum=esys.simulated,
           parallel=int(ecfg.train.parallel), seed=seed)]
       _atomic_write(path, dict(rows=rows))
     if v.routers:

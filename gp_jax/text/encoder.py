@@ -9,6 +9,7 @@ import abc
 import hashlib
 import pathlib
 import re
+import sqlite3
 import threading
 import zlib
 from typing import Callable, Sequence
@@ -17,6 +18,9 @@ import numpy as np
 
 from gp_jax import errors
 from gp_jax import sqlite_wal
+
+# What to do about a damaged embedding cache (the message of its DataError ends with this).
+_REMEDY = "restore it from a copy, or move it away (its vectors are then computed again)"
 
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
 
@@ -82,12 +86,21 @@ class CachedEncoder(TextEncoder):
     self._mem: dict[str, np.ndarray] = {}
     self._lock = threading.Lock()
     self._db = None
+    self.path = None if path is None else pathlib.Path(path)
     if path is not None:
-      path = pathlib.Path(path)
+      path = self.path
       path.parent.mkdir(parents=True, exist_ok=True)
-      self._db = sqlite_wal.open_wal(
-          path, ["CREATE TABLE IF NOT EXISTS emb (encoder TEXT, key TEXT, vec BLOB, "
-                 "PRIMARY KEY (encoder, key))"])
+      try:
+        self._db = sqlite_wal.open_wal(
+            path, ["CREATE TABLE IF NOT EXISTS emb (encoder TEXT, key TEXT, vec BLOB, "
+                   "PRIMARY KEY (encoder, key))"])
+      except sqlite3.DatabaseError as e:
+        raise sqlite_wal.damaged(path, "the embedding cache", e, _REMEDY) from None
+      try:
+        sqlite_wal.check_intact(self._db, path, "the embedding cache", _REMEDY)
+      except errors.DataError:
+        self._db.close()
+        raise
     self.hits = 0
     self.misses = 0
 
@@ -103,10 +116,9 @@ class CachedEncoder(TextEncoder):
       for i, k in enumerate(keys):
         v = self._mem.get(k)
         if v is None and self._db is not None:
-          row = self._db.execute("SELECT vec FROM emb WHERE encoder=? AND key=?",
-                                 (self.name, k)).fetchone()
+          row = self._fetch(k)
           if row is not None:
-            v = np.frombuffer(row[0], np.float32).copy()
+            v = self._vector(k, row[0])
             self._mem[k] = v
         if v is None:
           todo.setdefault(k, []).append(i)
@@ -123,10 +135,28 @@ class CachedEncoder(TextEncoder):
             out[i] = v
           self.misses += len(todo[k])
         if self._db is not None:
-          self._db.executemany("INSERT OR REPLACE INTO emb VALUES (?, ?, ?)",
-                               [(self.name, k, v.tobytes()) for k, v in zip(uniq, vecs)])
-          self._db.commit()
+          try:
+            self._db.executemany("INSERT OR REPLACE INTO emb VALUES (?, ?, ?)",
+                                 [(self.name, k, v.tobytes()) for k, v in zip(uniq, vecs)])
+            self._db.commit()
+          except sqlite3.DatabaseError as e:
+            raise sqlite_wal.damaged(self.path, "the embedding cache", e, _REMEDY) from None
     return out
+
+  def _fetch(self, key: str):
+    try:
+      return self._db.execute("SELECT vec FROM emb WHERE encoder=? AND key=?",
+                              (self.name, key)).fetchone()
+    except sqlite3.DatabaseError as e:
+      raise sqlite_wal.damaged(self.path, "the embedding cache", e, _REMEDY) from None
+
+  def _vector(self, key: str, blob) -> np.ndarray:
+    """A stored vector; one of the wrong size (a damaged row) is a DataError, never used."""
+    if not isinstance(blob, bytes) or len(blob) != 4 * self.dim:
+      size = len(blob) if isinstance(blob, bytes) else type(blob).__name__
+      raise errors.DataError(f"{self.path}: the embedding cache's row {key[:12]} ({self.name}) "
+                             f"holds {size} bytes, not {4 * self.dim}; {_REMEDY}")
+    return np.frombuffer(blob, np.float32).copy()
 
 
 _REGISTRY: dict[str, Callable[..., TextEncoder]] = {
