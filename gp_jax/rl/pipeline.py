@@ -18,7 +18,8 @@ def evaluate_run(config, workdir, *, tag: str = "eval", system=None, verbose: bo
   rows = evaluation.evaluate(system, float(config.alpha), router=(model, params, hist),
                              baselines=bool(config.eval.baselines),
                              optimum=bool(config.eval.optimum),
-                             parallel=int(config.train.parallel), seed=int(config.seed))
+                             parallel=int(config.train.parallel), seed=int(config.seed),
+                             progress=verbose)
   v = evaluation.write(rows, float(config.alpha), pathlib.Path(workdir) / tag)
   if verbose:
     print(evaluation.format_table([r for r in rows if r.domain == "all"], float(config.alpha)))
