@@ -119,7 +119,7 @@ def test_runner_prints_train_and_eval_progress_lines(tmp_path):
   err = out.stderr
   assert "\r" not in err
   train = [l for l in err.splitlines() if l.startswith("[train] ")]
-  assert train[0].startswith("[train] ") and "iterations 1-12 of 16 episodes" in train[0]
+  assert train[0].startswith("[train] ") and "12 iterations of 16 episodes" in train[0]
   assert any("iter (" in l and "reward " in l and ", ETA " in l for l in train), train
   assert train[-1].startswith("[train] 12/12 iter (100%)")
   evals = [l for l in err.splitlines() if l.startswith("[eval ")]

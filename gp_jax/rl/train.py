@@ -255,6 +255,10 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   # A resumed run must use the config its checkpoints were made with (the sweep's and studies'
   # sections, evaluation switches and checkpoint spacing do not change what is trained).
   workdir_config.check_or_record(workdir, config, ignore=TRAIN_CONFIG_FREE, what="training run")
+  if verbose:
+    progress_lib.note(f"[train] {workdir}: {_num_updates(config)} iterations of "
+                      f"{config.train.episodes_per_iter} episodes; compiling first (a minute or "
+                      f"more without a warm XLA cache)")
   sysm = system or system_lib.build(config)
   env = sysm.env(float(config.alpha), reward=config.train.get("reward", "sampled"))
   model = make_model(config, sysm.featurizer.spec)
@@ -290,8 +294,6 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   t0 = time.time()
   bar = None
   if verbose and meta["iteration"] + 1 < n_iters and not meta["stopped_early"]:
-    progress_lib.note(f"[train] {workdir}: iterations {meta['iteration'] + 2}-{n_iters} of "
-                      f"{config.train.episodes_per_iter} episodes (the first one compiles)")
     bar = progress_lib.Progress("train", n_iters, unit="iter")
   for it in range(meta["iteration"] + 1, n_iters):
     if meta["stopped_early"]:
