@@ -132,7 +132,9 @@ def _parse_flags(argv):
     _fail(f"{_flag_error_text(e)} (see --helpshort)")
   except (KeyError, AttributeError) as e:   # a --config.* override naming no field
     _config_flag_error(e)
-  except Exception as e:   # executing the --config file raised
+  except Exception as e:   # executing the --config file raised (the only user code run here)
+    if "config" not in flags.FLAGS:
+      _fail(f"cannot parse the flags: {type(e).__name__}: {_one_line(e)}")
     path = _config_argument(argv).split(":", 1)[0] or "the default config"
     _fail(f"--config: cannot load {path}: {type(e).__name__}: {_one_line(e)}")
   _check_config_loads(argv)
