@@ -18,6 +18,7 @@ from absl import app
 from absl import flags
 from absl import logging
 
+from experiments import common
 from gp_jax import errors
 
 _MODE = flags.DEFINE_enum("mode", "run", ["run", "generate"], "Run a method, or write a dataset.")
@@ -90,4 +91,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

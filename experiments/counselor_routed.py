@@ -47,6 +47,7 @@ _CONCURRENCY = flags.DEFINE_integer("concurrency", 8, "Questions in flight at on
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  common.check_workdir(_WORKDIR.value, must_exist=False)
   from gp_jax.counselor import routed_experiment as rx  # after flag parsing: keeps --help fast
   cfg = rx.ExperimentConfig(
       domain=_DOMAIN.value, size=_SIZE.value, graph_seed=_GRAPH_SEED.value,
@@ -62,4 +63,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

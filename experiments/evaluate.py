@@ -16,6 +16,7 @@ _TAG = flags.DEFINE_string("tag", "eval", "Name of the report files written in t
 @common.user_errors_exit_2
 def main(argv):
   del argv
+  common.check_trained_workdir(_WORKDIR.value)
   pipeline.evaluate_run(_CONFIG.value, _WORKDIR.value, tag=_TAG.value)
 
 

@@ -15,6 +15,7 @@ import sys
 from absl import app
 from absl import flags
 
+from experiments import common
 from gp_jax import errors
 from gp_jax import paths
 
@@ -58,4 +59,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(lambda argv: sys.exit(main(argv)))
+  common.run(lambda argv: sys.exit(main(argv)))

@@ -5,7 +5,6 @@
 --root reads runs/sweep (alpha sweep), runs/studies/<study> (phases, unseen, ablations, roles) and
 runs/counselor_routed (routed Graph Counselor); PNG figures are written next to --out.
 """
-from absl import app
 from absl import flags
 
 from experiments import common
@@ -31,4 +30,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -13,9 +13,9 @@ import os
 import shlex
 import sys
 
-from absl import app
 from absl import flags
 
+from experiments import common
 from gp_jax import errors
 from gp_jax import paths
 from gp_jax.llm import catalog as catalog_lib
@@ -79,4 +79,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  common.run(main)

@@ -35,6 +35,7 @@ def main(argv):
   variants = definitions.variants(_STUDY.value, c)
   kwargs = dict(knn_k=int(s.knn_k), mlp_hidden=int(s.mlp_hidden), steps=int(s.router_steps))
   workdir = _WORKDIR.value or f"runs/studies/{_STUDY.value}"
+  common.check_workdir(workdir, must_exist=False)
   res = runner.StudyRunner(c, workdir, _STUDY.value, variants, router_kwargs=kwargs).run(
       sweep_lib.parse_list(s.seeds, "study.seeds", int))
   print(f"ran {len(res['ran'])} cells, skipped {len(res['skipped'])} finished ones, in "

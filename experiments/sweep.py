@@ -16,6 +16,7 @@ _WORKDIR = flags.DEFINE_string("workdir", "runs/sweep", "Sweep directory (cells,
 @common.user_errors_exit_2
 def main(argv):
   del argv
+  common.check_workdir(_WORKDIR.value, must_exist=False)
   res = sweep.sweep_from_config(_CONFIG.value, _WORKDIR.value)
   print(f"ran {len(res['ran'])} cells, skipped {len(res['skipped'])} finished ones, "
         f"in {res['seconds']:.0f}s; report: python -m experiments.report --workdir={_WORKDIR.value}")

@@ -17,6 +17,7 @@ _EVALUATE = flags.DEFINE_bool("evaluate", True, "Evaluate after training.")
 @common.user_errors_exit_2
 def main(argv):
   del argv
+  common.check_workdir(_WORKDIR.value, must_exist=False)
   pipeline.train_and_evaluate(_CONFIG.value, _WORKDIR.value, evaluate=_EVALUATE.value)
 
 

@@ -23,6 +23,7 @@ import numpy as np
 from gp_jax import aio
 from gp_jax import errors
 from gp_jax import files
+from gp_jax import progress as progress_lib
 from gp_jax import system as system_lib
 from gp_jax.llm import simulator as sim
 from gp_jax.rl import rollout
@@ -101,28 +102,76 @@ def optimum_rows(name: str, system: system_lib.System, env, queries: list[Query]
                                        queries, seed=seed))
 
 
+class _CountingEnv:
+  """`env` for running episodes, calling `tick()` as each one finishes (evaluation progress)."""
+
+  def __init__(self, env: env_lib.WorkflowEnv, tick):
+    self._env, self._tick = env, tick
+
+  def __getattr__(self, name):
+    return getattr(self._env, name)
+
+  async def step(self, *args, **kwargs):
+    result = await self._env.step(*args, **kwargs)
+    if result.done:
+      self._tick()
+    return result
+
+
+class _EvalProgress:
+  """"[eval i/n <policy>] done/total queries, ETA" lines: policies differ widely in speed (the
+  DP optimum takes most of the time), so the ETA is that of the policy in progress."""
+
+  def __init__(self, num_policies: int, num_queries: int):
+    self.bar = progress_lib.Progress("eval", num_queries, unit="queries", write_at_total=False)
+    self.num_policies, self.num_queries = num_policies, num_queries
+    self.index, self.count = 0, 0
+
+  def env(self, env: env_lib.WorkflowEnv, name: str):
+    self.index, self.count = self.index + 1, 0
+    self.bar.restart(f"eval {self.index}/{self.num_policies} {name}", self.num_queries)
+    return _CountingEnv(env, self._tick)
+
+  def _tick(self) -> None:
+    self.count += 1
+    self.bar.update(self.count)
+
+
 def evaluate(system: system_lib.System, alpha: float, *, router=None, baselines: bool = True,
              optimum: bool = True, parallel: int = 64, seed: int = 0,
-             online_history: bool = False) -> list[Row]:
+             online_history: bool = False, progress: bool = False) -> list[Row]:
   """Rows for every policy on the system's test queries. router = (model, params, history|None);
-  online_history: its row is "GraphPlanner (online memory)" (run_router's online mode)."""
+  online_history: its row is "GraphPlanner (online memory)" (run_router's online mode).
+
+  progress: report "[eval]" lines (gp_jax/progress.py) as the policies' episodes finish."""
   env = system.env(alpha)
   queries = system.test_queries
+  optimum = optimum and system.simulated
+  names = ((["GraphPlanner"] if router is not None else [])
+           + (["random"] + [f"single:{llm}" for llm in system.space.llms] if baselines else [])
+           + (["optimum (DP)"] if optimum else []))
+  bar = _EvalProgress(len(names), len(queries)) if progress and names else None
+  run_env = (lambda name: bar.env(env, name)) if bar else (lambda name: env)
   rows: list[Row] = []
   if router is not None:
     model, params, history = router
-    rows += summarize(ROUTER + (ONLINE_LABEL if online_history else ""), system, env, queries,
-                      run_router(system, env, model, params, history, queries,
+    name = ROUTER + (ONLINE_LABEL if online_history else "")
+    rows += summarize(name, system, env, queries,
+                      run_router(system, run_env(name), model, params, history, queries,
                                  parallel=parallel, seed=seed, online=online_history))
   if baselines:
     rows += summarize("random", system, env, queries,
-                      policies.run_policy(env, policies.random_policy, queries, seed=seed))
+                      policies.run_policy(run_env("random"), policies.random_policy, queries,
+                                          seed=seed))
     for llm in system.space.llms:
       rows += summarize(f"single:{llm}", system, env, queries,
-                        policies.run_policy(env, policies.single_llm_policy(system.space, llm),
+                        policies.run_policy(run_env(f"single:{llm}"),
+                                            policies.single_llm_policy(system.space, llm),
                                             queries, seed=seed))
-  if optimum and system.simulated:
-    rows += optimum_rows("optimum (DP)", system, env, queries, seed=seed)
+  if optimum:
+    rows += optimum_rows("optimum (DP)", system, run_env("optimum (DP)"), queries, seed=seed)
+  if bar:
+    bar.bar.close()
   return rows
 
 

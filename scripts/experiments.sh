@@ -5,7 +5,9 @@
 # Each runner is resumable: rerunning skips finished cells and resumes interrupted training.
 # Extra arguments after the size go to every study and sweep run, so they must name fields both
 # configs have (e.g. --config.train.episodes=2000).
-source "$(dirname "$0")/env.sh"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
 size="${1:-default}"
 shift || true
 case "$size" in

@@ -1,4 +1,6 @@
 #!/usr/bin/env bash
 # Sets up the environment (cached) and runs the unit tests.
-source "$(dirname "$0")/env.sh"
+set -euo pipefail
+cd "$(dirname "$0")/.."
+source scripts/env.sh
 python -m pytest -q tests "$@"

@@ -21,6 +21,7 @@ import time
 
 from gp_jax import errors
 from gp_jax import evaluation
+from gp_jax import progress as progress_lib
 from gp_jax import system as system_lib
 from gp_jax import workdir_config
 from gp_jax.baselines import labels as labels_lib
@@ -72,7 +73,7 @@ def run_cell(config, system, routers, alpha: float, seed: int, out: pathlib.Path
   hist = None if cfg.model.history == "inductive" else history
   rows = evaluation.evaluate(system, alpha, router=(model, params, hist), baselines=True,
                              optimum=system.simulated, parallel=int(cfg.train.parallel),
-                             seed=seed)
+                             seed=seed, progress=verbose)
   router_rows, picks = single_round.evaluate_routers(system, alpha, routers, system.test_queries,
                                                      seed=seed)
   rows += router_rows
@@ -124,6 +125,8 @@ def run_sweep(config, workdir: str | pathlib.Path, *, alphas: list[float], seeds
                                  what="sweep")
   t0 = time.time()
   ran, skipped = [], []
+  total = sum(not (cell_dir(workdir, a, s) / CELL_FILE).exists() for s in seeds for a in alphas)
+  cells = progress_lib.Progress("sweep", total, unit="cells", eta_from_start=True) if verbose and total else None
   for seed in seeds:
     todo = [a for a in alphas if not (cell_dir(workdir, a, seed) / CELL_FILE).exists()]
     skipped += [(a, seed) for a in alphas if a not in todo]
@@ -140,8 +143,12 @@ def run_sweep(config, workdir: str | pathlib.Path, *, alphas: list[float], seeds
     for alpha in todo:
       out = cell_dir(workdir, alpha, seed)
       out.mkdir(parents=True, exist_ok=True)
+      if cells is not None:
+        progress_lib.note(f"[sweep] cell {len(ran) + 1}/{total}: alpha={alpha:g} seed={seed}")
       rec = run_cell(config, system, fitted, alpha, seed, out, verbose=verbose, multi=multi)
       ran.append((alpha, seed))
+      if cells is not None:
+        cells.update(len(ran), last=f"alpha={alpha:g} seed={seed}")
       if verbose:
         best = {r["policy"]: r["reward"] for r in rec["rows"] if r["domain"] == "all"}
         nan = float("nan")

@@ -18,10 +18,10 @@ import hashlib
 import json
 import os
 import pathlib
-import tempfile
 from typing import Any, Iterable, Mapping
 
 from gp_jax import errors
+from gp_jax import paths
 
 # Feature names tried, in order, as a node type's main text when none is configured. The GRBench
 # graphs use 'name' or 'title' for most types.
@@ -286,7 +286,7 @@ def save_graph(graph: KnowledgeGraph, path: str | os.PathLike) -> pathlib.Path:
 def write_json_atomic(path: str | os.PathLike, obj: Any) -> pathlib.Path:
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  fd, tmp = paths.mkstemp_beside(path)
   try:
     with os.fdopen(fd, "w") as f:
       json.dump(obj, f, ensure_ascii=False, separators=(",", ":"))
@@ -302,7 +302,7 @@ def write_lines_atomic(path: str | os.PathLike, lines: Iterable[str]) -> pathlib
   """Writes text lines atomically (each line gets a trailing newline)."""
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+  fd, tmp = paths.mkstemp_beside(path)
   try:
     with os.fdopen(fd, "w") as f:
       for line in lines:

@@ -16,13 +16,13 @@ import dataclasses
 import json
 import os
 import pathlib
-import tempfile
 import urllib.error
 import urllib.parse
 import urllib.request
 from typing import Iterable, Mapping, Sequence
 
 from gp_jax import errors
+from gp_jax import paths
 from gp_jax.llm import catalog as catalog_lib
 
 
@@ -120,7 +120,7 @@ def write_endpoints(path: str | os.PathLike, endpoints: EndpointMap) -> pathlib.
   path = pathlib.Path(path)
   parse_endpoints(dump_endpoints(endpoints), source=str(path))
   path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=path.name + ".", suffix=".tmp")
+  fd, tmp = paths.mkstemp_beside(path)
   with os.fdopen(fd, "w") as f:
     json.dump(dump_endpoints(endpoints), f, indent=2)
     f.write("\n")

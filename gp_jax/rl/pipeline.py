@@ -20,7 +20,8 @@ def evaluate_run(config, workdir, *, tag: str = "eval", system=None, verbose: bo
                              baselines=bool(config.eval.baselines),
                              optimum=bool(config.eval.optimum),
                              parallel=int(config.train.parallel), seed=int(config.seed),
-                             online_history=bool(config.eval.get("online_history", False)))
+                             online_history=bool(config.eval.get("online_history", False)),
+                             progress=verbose)
   counters = evaluation.pool_counters(before, system.pool.stats())
   v = evaluation.write(rows, float(config.alpha), pathlib.Path(workdir) / tag,
                        simulated=system.simulated, pool=counters)

@@ -21,6 +21,7 @@ import numpy as np
 from gp_jax import aio
 from gp_jax import errors
 from gp_jax import files
+from gp_jax import progress as progress_lib
 from gp_jax import system as system_lib
 from gp_jax import workdir_config
 from gp_jax.graph import features as features_lib
@@ -255,15 +256,6 @@ def _validate(config) -> None:
   _entropy_decay_updates(config)
 
 
-def _progress(it: int, n_iters: int, rec: dict, t0: float) -> None:
-  width = 24
-  done = int(width * (it + 1) / n_iters)
-  sys.stderr.write(f"\r[{'#' * done}{'.' * (width - done)}] iter {it + 1}/{n_iters} "
-                   f"return {rec['episode_return']:+.3f} running {rec['running_reward']:+.3f} "
-                   f"entropy {rec['entropy']:.2f} {time.time() - t0:.0f}s")
-  sys.stderr.flush()
-
-
 def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | None = None,
           verbose: bool = True) -> dict:
   """Trains a router; returns a summary. Resumes from the latest checkpoint in workdir."""
@@ -274,6 +266,10 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   # A resumed run must use the config its checkpoints were made with (the sweep's and studies'
   # sections, evaluation switches and checkpoint spacing do not change what is trained).
   workdir_config.check_or_record(workdir, config, ignore=TRAIN_CONFIG_FREE, what="training run")
+  if verbose:
+    progress_lib.note(f"[train] {workdir}: {_num_updates(config)} iterations of "
+                      f"{config.train.episodes_per_iter} episodes; compiling first (a minute or "
+                      f"more without a warm XLA cache)")
   sysm = system or system_lib.build(config)
   env = sysm.env(float(config.alpha), reward=config.train.get("reward", "sampled"))
   model = make_model(config, sysm.featurizer.spec)
@@ -314,6 +310,9 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   n_iters = math.ceil(config.train.episodes / config.train.episodes_per_iter)
   queries = sysm.train_queries
   t0 = time.time()
+  bar = None
+  if verbose and meta["iteration"] + 1 < n_iters and not meta["stopped_early"]:
+    bar = progress_lib.Progress("train", n_iters, unit="iter")
   for it in range(meta["iteration"] + 1, n_iters):
     if meta["stopped_early"]:
       break
@@ -350,8 +349,9 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
     rec.update({f"pool/{k}": v for k, v in sysm.pool.stats().items()
                 if isinstance(v, (int, float))})
     log.write(rec)
-    if verbose:
-      _progress(it, n_iters, rec, t0)
+    if bar is not None:
+      bar.update(it + 1, episodes=meta["episodes"], reward=f"{ret:+.3f}",
+                 running=f"{meta['running_reward']:+.3f}", entropy=f"{m['entropy']:.2f}")
     is_best = meta["running_reward"] > meta["best_running"]
     if is_best:
       meta["best_running"], meta["best_iteration"] = meta["running_reward"], it
@@ -362,8 +362,8 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
       ckpt.save(it, state, history, meta, best=True)
     if (it + 1) % config.train.checkpoint_every == 0 or last:
       ckpt.save(it, state, history, meta)
-  if verbose:
-    sys.stderr.write("\n")
+  if bar is not None:
+    bar.close()
   ckpt.close()
   return dict(meta, train_seconds=time.time() - t0)
 

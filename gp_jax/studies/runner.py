@@ -21,7 +21,6 @@ import dataclasses
 import hashlib
 import json
 import pathlib
-import sys
 import time
 from typing import Any
 
@@ -32,6 +31,7 @@ import numpy as np
 from gp_jax import aio
 from gp_jax import errors
 from gp_jax import evaluation
+from gp_jax import progress as progress_lib
 from gp_jax import system as system_lib
 from gp_jax import workdir_config
 from gp_jax.baselines import labels as labels_lib
@@ -192,7 +192,7 @@ class StudyRunner:
 
   def _log(self, msg: str) -> None:
     if self.verbose:
-      print(msg, file=sys.stderr, flush=True)
+      progress_lib.note(msg)
 
   def run(self, seeds: list[int]) -> dict:
     # Every cell of a study workdir comes from one config; more seeds may be added later.
@@ -203,6 +203,11 @@ class StudyRunner:
                                    what=f"{self.study} study")
     t0 = time.time()
     ran, skipped = [], []
+    total = sum(not (self.workdir / f"{v.name}_seed{seed}" / CELL_FILE).exists()
+                for seed in seeds for v in self.variants)
+    cells = (progress_lib.Progress(f"{self.study} study", total, unit="cells",
+                                   eta_from_start=True)
+             if self.verbose and total else None)
     for seed in seeds:
       for index, v in enumerate(self.variants):
         out = self.workdir / f"{v.name}_seed{seed}"
@@ -210,9 +215,12 @@ class StudyRunner:
           skipped.append((v.name, seed))
           continue
         out.mkdir(parents=True, exist_ok=True)
+        self._log(f"[{self.study} study] cell {len(ran) + 1}/{total}: {v.name} seed={seed}")
         rec = dict(self.run_cell(v, seed), index=index)
         _atomic_write(out / CELL_FILE, rec)
         ran.append((v.name, seed))
+        if cells is not None:
+          cells.update(len(ran), last=f"{v.name} seed={seed}")
         r = {x["policy"]: x["reward"] for x in rec["rows"] if x["domain"] == "all"}
         opt = r.get("optimum (DP)", float("nan"))
         mine = r[f"{ROUTER}[{v.name}]"]
@@ -228,8 +236,6 @@ class StudyRunner:
     tsys = self._system(tcfg, ("train", _key(v.train), seed))
     tdir = self.workdir / "train" / f"{_key(v.train)}_seed{seed}"
     summary = train_lib.train(tcfg, tdir, system=tsys, verbose=self.verbose)
-    if self.verbose:
-      sys.stderr.write("\n")
     model, params, history = train_lib.load_router(tcfg, tdir, tsys)
     ecfg = apply_overrides(tcfg, v.evaluate)
     ekey = ("eval", _key(v.train), _key(v.evaluate), seed)
@@ -272,7 +278,7 @@ class StudyRunner:
     else:
       rows = [dataclasses.asdict(r) for r in evaluation.evaluate(
           esys, alpha, router=None, baselines=True, optimum=esys.simulated,
-          parallel=int(ecfg.train.parallel), seed=seed)]
+          parallel=int(ecfg.train.parallel), seed=seed, progress=self.verbose)]
       _atomic_write(path, dict(rows=rows))
     if v.routers:
       if tuple(esys.space.llms) != tuple(tsys.space.llms):

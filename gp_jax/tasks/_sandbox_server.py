@@ -58,6 +58,11 @@ PR_SET_PDEATHSIG = 1
 PR_SET_NO_NEW_PRIVS = 38
 UID_BASE = 1_000_000
 PY_MOUNT = "/tmp/.sandbox-python"  # where the interpreter's prefix is mounted inside namespaces.
+# uid mode has no mounts: the program keeps a directory descriptor of the interpreter's prefix,
+# opened before the uid changes, as this fd number, and imports through /proc/self/fd/PY_FD. The
+# kernel lets a process follow its own descriptors there, so a prefix under a folder the sandbox
+# uid cannot enter (e.g. /root/.pyenv) stays importable, read-only as its file modes say.
+PY_FD = 3
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mount.argtypes = [ctypes.c_char_p, ctypes.c_char_p, ctypes.c_char_p, ctypes.c_ulong,
@@ -155,6 +160,19 @@ def _remap_prefix(prefix, mounted):
   sys.path_importer_cache.clear()
 
 
+def _open_prefix():
+  """A directory descriptor of the interpreter's prefix (uid mode: see PY_FD)."""
+  return os.open(os.path.realpath(sys.base_prefix), os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+
+
+def _drop_to(uid):
+  os.setgroups([])
+  os.setresgid(uid, uid, uid)
+  os.setresuid(uid, uid, uid)
+  if os.getuid() != uid or os.geteuid() != uid:
+    raise OSError("could not drop privileges")
+
+
 def _program(req, mode, workdir, run_uid, out_fd, err_fd, ready_w, nproc_extra):
   """In the forked child: finish isolation, then run the program. Never returns."""
   code = 1
@@ -166,12 +184,9 @@ def _program(req, mode, workdir, run_uid, out_fd, err_fd, ready_w, nproc_extra):
     os.dup2(err_fd, 2)
     os.chdir(workdir)
     _set_limits(req, nproc_extra)
+    py_fd = _open_prefix() if mode == "uid" else None
     if run_uid is not None:
-      os.setgroups([])
-      os.setresgid(run_uid, run_uid, run_uid)
-      os.setresuid(run_uid, run_uid, run_uid)
-      if os.getuid() != run_uid or os.geteuid() != run_uid:
-        raise OSError("could not drop privileges")
+      _drop_to(run_uid)
     _prctl(PR_SET_NO_NEW_PRIVS, 1)
     _prctl(PR_SET_PDEATHSIG, signal.SIGKILL)  # set after setuid, which clears it.
     os.environ.clear()
@@ -179,6 +194,8 @@ def _program(req, mode, workdir, run_uid, out_fd, err_fd, ready_w, nproc_extra):
                        "TMPDIR": workdir, "LANG": "C.UTF-8", "PYTHONHASHSEED": "0"})
     if mode in ("namespaces", "userns"):
       _remap_prefix(os.path.realpath(sys.base_prefix), PY_MOUNT)
+    elif py_fd is not None:
+      _remap_prefix(os.path.realpath(sys.base_prefix), f"/proc/self/fd/{PY_FD}")
     sys.path.insert(0, workdir)
     for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGPIPE, signal.SIGCHLD, signal.SIGXFSZ):
       signal.signal(sig, signal.SIG_DFL)
@@ -191,7 +208,9 @@ def _program(req, mode, workdir, run_uid, out_fd, err_fd, ready_w, nproc_extra):
       source = f.read()
     sys.argv = [entry]
     os.write(ready_w, b"R")
-    os.closerange(3, 1 << 16)
+    if py_fd is not None:
+      os.dup2(py_fd, PY_FD, inheritable=False)   # everything else from here on is closed
+    os.closerange(PY_FD if py_fd is None else PY_FD + 1, 1 << 16)
   except BaseException as e:  # setup failed: report on the program's stderr and stop.
     try:
       os.write(2, f"sandbox setup failed: {e!r}\n".encode())
@@ -436,6 +455,13 @@ def _probe(mode):
             os._exit(4)
         _, st = os.waitpid(child, 0)
         os._exit(0 if os.WIFEXITED(st) and os.WEXITSTATUS(st) == 0 else 5)
+      if mode == "uid":   # the standard library must stay readable once the uid has changed
+        fd = _open_prefix()
+        stdlib = os.path.dirname(os.path.realpath(os.__file__))
+        rel = os.path.relpath(stdlib, os.path.realpath(sys.base_prefix))
+        _drop_to(UID_BASE + os.getpid())
+        with open(f"/proc/self/fd/{fd}/{rel}/queue.py", "rb"):
+          pass
       os._exit(0)
     except BaseException:
       os._exit(6)
@@ -447,7 +473,9 @@ def _choose_mode(requested):
   if requested != "auto":
     return requested if _probe(requested) else None
   if os.geteuid() == 0:
-    return "namespaces" if _probe("namespaces") else "uid"
+    if _probe("namespaces"):
+      return "namespaces"
+    return "uid" if _probe("uid") else None
   return "userns" if _probe("userns") else "plain"
 
 

@@ -167,7 +167,9 @@ def extract_choice(text: str, labels, texts=None, filler_words=()) -> str | None
     2. an answer statement: "Answer: B", "the answer is (b).", "correct option is B)",
        "Answer: $B$"; a bare lower-case label (or "A") followed by more words is read as an
        article ("the answer is a bus depot") unless those words are that option's own text;
-    3. a line that holds only the label: "B", "(B)", "B)", "B.", "Option B";
+    3. a line that holds only the label: "B", "(B)", "B)", "B.", "Option B"; or, when `texts`
+       are given, the marked label followed by that option's own text: "(B) Paris.",
+       "B. Paris", "B) Paris", "B: Paris" (an unmarked "A Paris" stays an article);
     4. when `texts` are given: an answer statement or the whole reply equal to one option's text
        (after lower-casing, dropping punctuation and `filler_words`).
   Labels are never found by substring search.
@@ -226,13 +228,31 @@ def extract_choice(text: str, labels, texts=None, filler_words=()) -> str | None
   if found:
     return found
 
-  # 3. a line that is just the label.
+  # 3. a line that is just the label, or the marked label and that option's own text.
   line_re = re.compile(rf"^\s*(?:option|choice)?\s*[\(\[]?\s*({alt})\s*[\)\]]?\s*[.:]?\s*$",
                        re.IGNORECASE)
-  for line in reversed(clean.strip().splitlines()):
-    m = line_re.match(line)
+  # A marker (an opening bracket, or ")", "]", ".", ":" right after the label) must separate
+  # the two, so "A because ..." never reads as option A's text.
+  text_line_re = re.compile(
+      rf"^\s*(?:option|choice)?\s*(?:[\(\[]\s*({alt})\s*[\)\]]?|({alt})\s*[\)\].:])"
+      r"\s*(?P<rest>\S.*)$", re.IGNORECASE)
+  lines = clean.strip().splitlines()
+  with_text = {}   # line index -> label, for "(B) <option B's text>" lines
+  for k, line in enumerate(lines if texts is not None else ()):
+    m = text_line_re.match(line)
+    if m:
+      lab = (m.group(1) or m.group(2)).upper()
+      opt = _norm_option(str(texts[[l.upper() for l in labels].index(lab)]), filler_words)
+      if opt and _norm_option(m.group("rest"), filler_words) == opt:
+        with_text[k] = by_upper[lab]
+  if len(set(with_text.values())) > 1:   # the options restated one per line: no choice
+    with_text = {}
+  for k in reversed(range(len(lines))):
+    m = line_re.match(lines[k])
     if m:
       return by_upper[m.group(1).upper()]
+    if k in with_text:
+      return with_text[k]
 
   # 4. the option text itself.
   if texts is not None:

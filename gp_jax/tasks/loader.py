@@ -10,10 +10,10 @@ import ast
 import json
 import os
 import pathlib
-import tempfile
 from typing import Iterable
 
 from gp_jax import errors
+from gp_jax import paths
 from gp_jax import types
 from gp_jax.tasks import code_eval
 from gp_jax.tasks import metrics
@@ -225,7 +225,7 @@ def write_queries(path, queries: Iterable[types.Query]) -> int:
   """Writes rows as JSONL atomically (temporary file, then rename). Returns the row count."""
   path = pathlib.Path(path)
   path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+  fd, tmp = paths.mkstemp_beside(path, suffix="")
   n = 0
   try:
     with os.fdopen(fd, "w", encoding="utf-8") as f:

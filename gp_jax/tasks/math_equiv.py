@@ -285,6 +285,15 @@ def answers_equivalent(pred: str | None, gold: str | None) -> bool:
     return False
   if p == g:
     return True
+  ps, gs = _set_elements(p), _set_elements(g)
+  if ps is not None or gs is not None:
+    # A LaTeX set \{...\} is unordered; it equals another set, or a bare list, of the same
+    # elements (never a tuple or an interval).
+    if ps is None:
+      ps = _split_top_level(p) if p[0] not in "([{" else None
+    if gs is None:
+      gs = _split_top_level(g) if g[0] not in "([{" else None
+    return ps is not None and gs is not None and _same_multiset(ps, gs)
   pp, gp = _split_top_level(p), _split_top_level(g)
   if len(pp) != len(gp):
     return False
@@ -299,11 +308,26 @@ def answers_equivalent(pred: str | None, gold: str | None) -> bool:
         return False
       return all(_single_equivalent(x, y) for x, y in zip(pp, gp))
     # A bare list of values ("the solutions are 2, -3") is unordered.
-    left = list(gp)
-    for x in pp:
-      hit = next((k for k, y in enumerate(left) if _single_equivalent(x, y)), None)
-      if hit is None:
-        return False
-      left.pop(hit)
-    return True
+    return _same_multiset(pp, gp)
   return _single_equivalent(p, g)
+
+
+def _set_elements(s: str) -> list[str] | None:
+  """The top-level elements of a normalized LaTeX set "\\{a,b\\}", else None."""
+  if s.startswith("\\{") and s.endswith("\\}") and _balanced(s[2:-2]):
+    inner = s[2:-2]
+    return _split_top_level(inner) if inner else []
+  return None
+
+
+def _same_multiset(pp: list[str], gp: list[str]) -> bool:
+  """Whether two element lists are equal up to order (each element matched once)."""
+  if len(pp) != len(gp):
+    return False
+  left = list(gp)
+  for x in pp:
+    hit = next((k for k, y in enumerate(left) if _single_equivalent(x, y)), None)
+    if hit is None:
+      return False
+    left.pop(hit)
+  return True

@@ -157,6 +157,13 @@ def _letter_labels(row: dict) -> dict:
   return dict(row, choices={"label": letters, "text": list(ch["text"])}, ground_truth=gold)
 
 
+# Where the main source comes from (the data release of the LLMRouter project, MIT license).
+ROUTER_FILES_ORIGIN = (
+    "the 14 tasks' queries are default_query_train.jsonl and default_query_test.jsonl of "
+    "LLMRouter (github.com/ulab-uiuc/LLMRouter, data/example_data/query_data); pass their "
+    "folder as --router_dir")
+
+
 def collect_candidates(task_names: Sequence[str], src: SourcePaths, *, network: bool,
                        log: Callable[[str], None], load_dataset=None
                        ) -> tuple[dict[str, list[sources.Candidate]], dict[str, list[str]]]:
@@ -199,9 +206,8 @@ def collect_candidates(task_names: Sequence[str], src: SourcePaths, *, network: 
   for t, (msg, absent) in missing.items():
     if t in notes and absent:
       notes[t].append(msg)
-  if src.router_dir is None:
-    for t in task_names:
-      notes[t].append("no LLMRouter query files (pass --router_dir)")
+  if src.router_dir is None:   # said once, not on every task's row
+    log(f"no LLMRouter query files, so fewer rows for every task: {ROUTER_FILES_ORIGIN}")
   # Keep the first copy of each problem (sources are read in priority order).
   for t in task_names:
     seen: dict[str, sources.Candidate] = {}
@@ -263,8 +269,8 @@ def prepare_data(out_dir, *, tasks: Sequence[str] | None = None, seed: int = 0,
       outputs[(name, "test")] = _to_queries(test, task, "test")
     reports.append(rep)
   if not outputs:
-    raise errors.DataError("no task rows found: no local source is available "
-                           "(see --router_dir, --mbpp_path) and --network is off")
+    raise errors.DataError("no task rows found: no local source is available and --network is "
+                           f"off; {ROUTER_FILES_ORIGIN}")
   _write_all(pathlib.Path(out_dir), outputs, reports, seed)
   return reports
 

@@ -15,6 +15,8 @@ start. Every program gets:
     vanish afterwards), or a fresh temporary directory without namespaces. The interpreter's
     prefix is bind-mounted read-only at /tmp/.sandbox-python so that the standard library stays
     importable when it lives under a directory the sandbox uid cannot enter (e.g. /root/.pyenv);
+    in "uid" mode the program reaches it through a directory descriptor opened before the uid
+    changed (/proc/self/fd/3), and the mode is refused when even that cannot read it;
   * as root: a uid of its own (never 0) with no groups and no_new_privs. That makes RLIMIT_NPROC
     effective (the kernel does not apply it to root), so a fork bomb stops at `nproc` processes;
     the program cannot signal or trace the caller, nor write files it does not own;
@@ -56,6 +58,15 @@ from gp_jax import errors
 PASS, FAIL, TIMEOUT, ERROR = "pass", "fail", "timeout", "error"
 _SERVER = pathlib.Path(__file__).with_name("_sandbox_server.py")
 _MODES = ("auto", "namespaces", "uid", "userns", "plain")
+_MODE_NEEDS = {
+    "auto": "root needs CAP_SYS_ADMIN or a standard library another uid can read; "
+            "non-root needs nothing",
+    "namespaces": "needs root with CAP_SYS_ADMIN",
+    "uid": "needs root, and the interpreter's standard library readable by another uid "
+           "through a descriptor opened as root",
+    "userns": "needs unprivileged user namespaces",
+    "plain": "needs only a working fork",
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -153,7 +164,8 @@ class Sandbox:
       proc.kill()
       proc.wait()
       raise errors.ConfigError(
-          f"sandbox could not start in mode {self._requested_mode!r} on this machine")
+          f"sandbox could not start in mode {self._requested_mode!r} on this machine "
+          f"({_MODE_NEEDS.get(self._requested_mode, '')})")
     self._proc = proc
     self._mode = info["mode"]
     threading.Thread(target=self._read_results, args=(proc,), daemon=True,

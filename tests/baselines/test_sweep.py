@@ -1,4 +1,6 @@
 """The alpha sweep and its report, end to end on the CI-sized config in a temporary directory."""
+import contextlib
+import io
 import json
 import pathlib
 import subprocess
@@ -32,12 +34,18 @@ def swept(tmp_path_factory):
   cell = wd / "alpha0.9_seed0" / "cell.json"
   stamp = cell.stat().st_mtime_ns
   c.sweep.alphas = "0,0.9"
-  second = sweep.sweep_from_config(c, wd, verbose=False)
-  return wd, first, second, stamp
+  err = io.StringIO()
+  with contextlib.redirect_stderr(err):   # verbose: the progress lines
+    second = sweep.sweep_from_config(c, wd, verbose=True)
+  return wd, first, second, stamp, err.getvalue()
 
 
 def test_sweep_writes_cells_and_resumes(swept):
-  wd, first, second, stamp = swept
+  wd, first, second, stamp, err = swept
+  # the one unfinished cell of the grown grid: "cell 1/1", then "1/1 cells" done
+  lines = err.splitlines()
+  assert "[sweep] cell 1/1: alpha=0 seed=0" in lines
+  assert any(l.startswith("[sweep] 1/1 cells (100%)  last alpha=0 seed=0 | ") for l in lines)
   assert first["ran"] == [(0.9, 0)] and first["skipped"] == []
   assert second["ran"] == [(0.0, 0)] and second["skipped"] == [(0.9, 0)]
   assert (wd / "alpha0.9_seed0" / "cell.json").stat().st_mtime_ns == stamp   # not rewritten

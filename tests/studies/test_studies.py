@@ -67,7 +67,7 @@ def test_every_study_definition_builds():
   assert llms[:3] == c.llms.split(",") and len(llms) == 6      # the three held-out LLMs added
 
 
-def test_tiny_study_end_to_end_resumes_and_reports(tmp_path):
+def test_tiny_study_end_to_end_resumes_and_reports(tmp_path, capsys):
   c = study_config.get_config("test")
   c.train.episodes = 16
   c.data.n_test = 12
@@ -75,8 +75,16 @@ def test_tiny_study_end_to_end_resumes_and_reports(tmp_path):
   variants = [runner.Variant("base"), runner.Variant("empty_history", history="none"),
               runner.Variant("more_llms", evaluate={"llms": held})]
   work = tmp_path / "studies" / "toy"
-  res = runner.StudyRunner(c, work, "toy", variants, verbose=False).run([0])
+  res = runner.StudyRunner(c, work, "toy", variants, verbose=True).run([0])
   assert len(res["ran"]) == 3
+  err = capsys.readouterr().err.splitlines()   # progress: cell i of n, then cells done + ETA
+  assert [l for l in err if l.startswith("[toy study] cell ")] == [
+      "[toy study] cell 1/3: base seed=0", "[toy study] cell 2/3: empty_history seed=0",
+      "[toy study] cell 3/3: more_llms seed=0"]
+  done = [l for l in err if l.startswith("[toy study] ") and " cells (" in l]
+  assert done[0].startswith("[toy study] 1/3 cells (33%)  last base seed=0 | ") and "ETA" in done[0]
+  assert done[-1].startswith("[toy study] 3/3 cells (100%)")
+  assert any(l.startswith("[train] ") for l in err) and any(l.startswith("[eval ") for l in err)
   cells = {v.name: json.loads((work / f"{v.name}_seed0" / runner.CELL_FILE).read_text())
            for v in variants}
   assert len(list((work / "train").iterdir())) == 1            # one training run shared by all

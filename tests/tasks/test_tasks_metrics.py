@@ -70,6 +70,9 @@ MATH = [
     ("\\boxed{x^2+2x+1}", "\\boxed{(x+1)^2}", 1),
     ("\\boxed{1,000}", "\\boxed{1000}", 1),
     ("\\boxed{-3, 2}", "\\boxed{2, -3}", 1),  # a bare list of solutions is unordered
+    ("\\{1,2\\}", "\\boxed{\\{2,1\\}}", 1),  # a LaTeX set is unordered
+    ("\\boxed{\\{-1, \\frac{1}{2}\\}}", "\\boxed{\\left\\{\\frac12,-1\\right\\}}", 1),
+    ("\\{1,2\\}", "\\boxed{2, 1}", 1),  # ...and equals a bare list of its elements
     ("70", "\\boxed{070}", 1),  # AIME answers are written with leading zeros
     ("70", "The final answer is 70.", 1),  # stated without \boxed
     ("\\boxed{4}", "First \\boxed{3}... wait, actually \\boxed{4}", 1),  # the last box counts
@@ -77,6 +80,9 @@ MATH = [
     ("0.33", "\\boxed{\\frac{1}{3}}", 0),
     ("\\boxed{2\\sqrt{2}}", "\\boxed{2\\sqrt{3}}", 0),
     ("\\boxed{(1,2)}", "\\boxed{(2,1)}", 0),
+    ("\\{1,2\\}", "\\boxed{\\{1,3\\}}", 0),
+    ("\\{1,2\\}", "\\boxed{\\{1,2,2\\}}", 0),
+    ("\\{1,2\\}", "\\boxed{(2,1)}", 0),  # a tuple is not a set
     ("\\boxed{(0,1)}", "\\boxed{[0,1)}", 0),
     ("\\boxed{5}", "\\boxed{-5}", 0),
     ("\\boxed{x^2}", "\\boxed{x^3}", 0),
@@ -112,6 +118,11 @@ CHOICE = [
     ("A is tempting and C is close. The correct answer is B.", 1),
     ("Let me look at each option.\nA) bus depot: no\nC) beach: no\n\nAnswer: B", 1),
     ("Hmm.\n(B)\n", 1),
+    # the marked label followed by that option's own text
+    ("(B) train station.", 1), ("B. train station", 1), ("B) Train Station", 1),
+    ("B: train station", 1), ("Thinking it over.\n(B) train station", 1),
+    ("(A) bus depot.", 0), ("B. bus depot", 0),
+    ("(A) bus depot\n(B) train station\n(C) beach", 0),  # the options restated: no choice
     ("A", 0), ("Answer: C", 0), ("The answer is a bus depot", 0),
     ("Bus depots and beaches are both wrong", 0),  # B inside words is not a choice
     ("Because of the bridge, the taxi is best.", 0),
@@ -123,6 +134,14 @@ CHOICE = [
 @pytest.mark.parametrize("pred,want", CHOICE)
 def test_choice(pred, want):
   assert metrics.choice_score(pred, LABELS, "B", TEXTS) == want
+
+
+def test_choice_keeps_the_article_rule():
+  # An unmarked capital "A" followed by words is an article, never option A, even with texts.
+  assert extract.extract_choice("A because the depot is closer.", LABELS, TEXTS) is None
+  assert extract.extract_choice("A bus depot is where buses rest.", LABELS, TEXTS) is None
+  assert metrics.choice_score("The answer is A because buses wait there.", LABELS, "A",
+                              TEXTS) == 0
 
 
 def test_choice_respects_row_option_count():

@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import os
 import pathlib
 import subprocess
 import sys
@@ -255,3 +256,39 @@ def test_runner_success_and_exit_2(tmp_path, small_inputs):
   assert r.stderr.strip().splitlines() == [r.stderr.strip()] and \
       r.stderr.startswith("error: unknown task 'gsm9k'")
   assert not (tmp_path / "bad").exists()
+
+
+def test_runner_names_a_missing_source_once_with_its_origin(tmp_path, small_inputs):
+  out = tmp_path / "out"
+  flags = [f"--{k}={v}" for k, v in small_inputs.items() if k != "router_dir"]
+  r = _run(f"--out_dir={out}", "--router_dir=", *flags)
+  assert r.returncode == 0, r.stderr
+  assert r.stdout.count("LLMRouter query files") == 1, r.stdout
+  assert "github.com/ulab-uiuc/LLMRouter" in r.stdout and "--router_dir" in r.stdout
+  # and the files it wrote are readable like any other output (0666 less the umask)
+  assert (out / "gsm8k" / "test.jsonl").stat().st_mode & 0o777 == 0o666 & ~_umask()
+  assert (out / "manifest.json").stat().st_mode & 0o777 == 0o666 & ~_umask()
+
+
+def _umask():
+  mask = os.umask(0o022)
+  os.umask(mask)
+  return mask
+
+
+@pytest.mark.parametrize("mask", [0o022, 0o002, 0o077])
+def test_atomic_writes_honour_the_umask(tmp_path, mask):
+  from gp_jax.counselor import graph_store
+  from gp_jax.llm import endpoints
+  old = os.umask(mask)
+  try:
+    loader.write_queries(tmp_path / "q.jsonl", [])
+    graph_store.write_json_atomic(tmp_path / "g.json", {"a": 1})
+    graph_store.write_lines_atomic(tmp_path / "l.jsonl", ["{}"])
+    endpoints.write_endpoints(tmp_path / "e.json", {"qwen2.5-7b-instruct": (
+        endpoints.Endpoint("http://127.0.0.1:8000/v1", "qwen"),)})
+  finally:
+    os.umask(old)
+  for name in ("q.jsonl", "g.json", "l.jsonl", "e.json"):
+    assert (tmp_path / name).stat().st_mode & 0o777 == 0o666 & ~mask, name
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["e.json", "g.json", "l.jsonl", "q.jsonl"]
