@@ -37,6 +37,8 @@ from gp_jax.serving import session as session_lib
 
 RequestError = session_lib.RequestError
 SESSION_KEY = web.AppKey("session", session_lib.RouterSession)
+DEADLINE_KEY = web.AppKey("deadline_s", float)
+MAX_BODY_KEY = web.AppKey("max_body_bytes", int)
 STREAM_PIECE_CHARS = 24     # characters of the answer per SSE chunk
 _TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
           409: "conflict_error", 413: "invalid_request_error", 502: "backbone_error",
@@ -57,9 +59,9 @@ async def openai_errors(request: web.Request, handler):
     return await handler(request)
   except RequestError as e:
     return error_response(e.status, e.message, e.code, e.param)
-  except web.HTTPRequestEntityTooLarge as e:
-    return error_response(413, f"request body too large (limit {e.max_size} bytes)",
-                          "body_too_large")
+  except web.HTTPRequestEntityTooLarge:
+    return error_response(413, f"request body too large (limit "
+                          f"{request.app[MAX_BODY_KEY]} bytes)", "body_too_large")
   except web.HTTPException as e:
     if e.status < 400:
       raise
@@ -207,7 +209,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
   s.check_task(task)
   params = _sampling(body, s.system.sampling)
   rid = session_lib.new_id()
-  deadline = request.app["deadline_s"]
+  deadline = request.app[DEADLINE_KEY]
   try:
     if model == session_lib.ROUTER_MODEL:
       coro = s.complete(session_lib.last_user_text(messages), task=task, rid=rid,
@@ -301,7 +303,8 @@ def make_app(session: session_lib.RouterSession, *, max_body_bytes: int = 1 << 2
   """
   app = web.Application(client_max_size=max_body_bytes, middlewares=[openai_errors])
   app[SESSION_KEY] = session
-  app["deadline_s"] = float(deadline_s)
+  app[DEADLINE_KEY] = float(deadline_s)
+  app[MAX_BODY_KEY] = int(max_body_bytes)
   app.router.add_get("/v1/models", list_models)
   app.router.add_post("/v1/chat/completions", chat_completions)
   app.router.add_post("/v1/feedback", feedback)

@@ -165,6 +165,24 @@ def read_log(path, counter=None) -> Iterator[dict]:
         yield rec
 
 
+def write_rows(path, rows: Iterable[dict]) -> int:
+  """Writes LLMRouter rows as JSONL (or CSV when `path` ends in .csv), atomically; returns the
+  number of rows."""
+  rows = list(rows)
+  path = pathlib.Path(path)
+  if path.suffix == ".csv":
+    import csv
+    buf = io.StringIO()
+    w = csv.DictWriter(buf, fieldnames=LLMROUTER_FIELDS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    text = buf.getvalue()
+  else:
+    text = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows)
+  atomic_write_bytes(path, text.encode("utf-8"))
+  return len(rows)
+
+
 def llmrouter_rows(records: Iterable[dict], *, scored_only: bool = True) -> Iterator[dict]:
   """LLMRouter routing rows (LLMROUTER_FIELDS), one per LLM call of each served request.
 
@@ -180,7 +198,7 @@ def llmrouter_rows(records: Iterable[dict], *, scored_only: bool = True) -> Iter
     else:
       routes.append(rec)
   for rec in routes:
-    score = feedback.get(rec["id"])
+    score = feedback.get(rec["id"], rec.get("feedback"))   # /v1/routes records carry it
     if score is None and scored_only:
       continue
     for call in rec["calls"]:
