@@ -28,10 +28,10 @@ from gp_jax import paths
 from gp_jax.serving import process
 
 
-def start_test_server(latency_s: float) -> tuple[subprocess.Popen, str]:
+def start_test_server(latency_s: float, models: list[str]) -> tuple[subprocess.Popen, str]:
   proc = subprocess.Popen([sys.executable, "-m", "gp_jax.llm.testing_server", "--port", "0",
-                           "--latency_s", str(latency_s)], stdout=subprocess.PIPE, text=True,
-                          cwd=paths.REPO_ROOT)
+                           "--latency_s", str(latency_s), "--models", ",".join(models)],
+                          stdout=subprocess.PIPE, text=True, cwd=paths.REPO_ROOT)
   line = proc.stdout.readline().strip()
   if not line.startswith("listening on "):
     proc.kill()
@@ -106,7 +106,7 @@ def main():
       if llms is None:
         raise SystemExit("error: the testing_server backend needs a workdir with a comma list "
                          "in config.llms")
-      test_server, url = start_test_server(args.latency_s)
+      test_server, url = start_test_server(args.latency_s, llms)
       ep = tmp / "endpoints.json"
       ep.write_text(json.dumps({m: [{"base_url": url, "model": m}] for m in llms}))
       extra = ["--config.backend=endpoints", f"--config.endpoints_file={ep}"]
@@ -115,8 +115,9 @@ def main():
       raise SystemExit(f"error: unknown backend {backend!r} (simulator, testing_server)")
     srv = process.RouterProcess([f"--workdir={workdir}", "--memory_path=none",
                                  f"--max_concurrency={max(clients)}"] + extra,
-                                tmp / f"server-{backend}.log").start()
+                                tmp / f"server-{backend}.log")
     try:
+      srv.start()
       for c in clients:
         row = summarise(asyncio.run(load(srv.url, c, args.requests)), c, latency)
         row["backend"] = backend
