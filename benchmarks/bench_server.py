@@ -5,8 +5,11 @@ cost) and the local latency-injecting test server (gp_jax/llm/testing_server.py,
 takes --latency_s). Each client sends --requests requests one after another; all clients run at
 once. Printed per (backend, clients): requests/s; p50/p99 end-to-end latency; the router's
 overhead per decision (server time minus time awaiting backbones, divided by the request's
-decisions; p50/p99 over requests); and, on the test server, throughput against the ideal that
-backbone latency and concurrency allow (clients / (calls per request x latency)).
+decisions; p50/p99 over requests; it includes waiting for the event loop while other requests'
+work runs), the router's own compute per decision (features, the request's share of the batched
+policy call; no waiting); and, on the test server, throughput against the ideal that backbone
+latency and concurrency allow (clients / (calls per request x latency)). On the simulator the
+backbone time is the simulator's own CPU work in the server process.
 
   python benchmarks/bench_server.py [--workdir runs/alpha0.5] [--latency_s 0.2] [--clients 1,16,64]
 
@@ -25,6 +28,8 @@ import aiohttp
 import numpy as np
 
 from gp_jax import paths
+from gp_jax import system as system_lib
+from gp_jax.llm import catalog as catalog_lib
 from gp_jax.serving import process
 
 
@@ -70,10 +75,12 @@ def summarise(res: dict, clients: int, latency_s: float | None) -> dict:
   r = res["records"]
   e2e = np.array([x["e2e"] for x in r])
   per_dec = np.array([x["router_s"] / max(1, x["decisions"]) for x in r])
+  work = np.array([x["compute_s"] / max(1, x["decisions"]) for x in r])
   calls = np.mean([x["calls"] for x in r])
   row = dict(clients=clients, requests=len(r), rps=len(r) / res["wall"],
              p50=np.percentile(e2e, 50), p99=np.percentile(e2e, 99),
              over50=np.percentile(per_dec, 50) * 1e3, over99=np.percentile(per_dec, 99) * 1e3,
+             work50=np.percentile(work, 50) * 1e3, work99=np.percentile(work, 99) * 1e3,
              calls=calls, ideal=None)
   if latency_s:
     row["ideal"] = clients / (calls * latency_s)
@@ -97,15 +104,13 @@ def main():
                     "--config=experiments/configs/test.py", f"--workdir={workdir}",
                     "--noevaluate"], check=True, cwd=paths.REPO_ROOT, capture_output=True)
   config = json.loads((pathlib.Path(workdir) / "config.json").read_text())
-  llms = config["llms"].split(",") if config["llms"] not in ("train", "all") else None
+  catalog = catalog_lib.load_catalog(config.get("catalog_file") or catalog_lib.DEFAULT_POOL_FILE)
+  llms = system_lib.select_llms(catalog, config["llms"])
   clients = [int(c) for c in args.clients.split(",")]
   rows = []
   for backend in args.backends.split(","):
     extra, test_server, latency = [], None, None
     if backend == "testing_server":
-      if llms is None:
-        raise SystemExit("error: the testing_server backend needs a workdir with a comma list "
-                         "in config.llms")
       test_server, url = start_test_server(args.latency_s, llms)
       ep = tmp / "endpoints.json"
       ep.write_text(json.dumps({m: [{"base_url": url, "model": m}] for m in llms}))
@@ -131,12 +136,14 @@ def main():
   print(f"\nrouter server, {args.requests} requests per client, test-server latency "
         f"{args.latency_s:g} s per call\n")
   print("| backend | clients | req/s | p50 latency (s) | p99 latency (s) | router overhead per "
-        "decision p50 / p99 (ms) | LLM calls per request | throughput / ideal |")
-  print("|---|---|---|---|---|---|---|---|")
+        "decision p50 / p99 (ms) | router compute per decision p50 / p99 (ms) | LLM calls per "
+        "request | throughput / ideal |")
+  print("|---|---|---|---|---|---|---|---|---|")
   for r in rows:
     ratio = f"{r['rps'] / r['ideal']:.2f}" if r["ideal"] else "n/a (no backbone latency)"
     print(f"| {r['backend']} | {r['clients']} | {r['rps']:.1f} | {r['p50']:.3f} | {r['p99']:.3f} "
-          f"| {r['over50']:.2f} / {r['over99']:.2f} | {r['calls']:.1f} | {ratio} |")
+          f"| {r['over50']:.2f} / {r['over99']:.2f} | {r['work50']:.2f} / {r['work99']:.2f} "
+          f"| {r['calls']:.1f} | {ratio} |")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,9 @@
 Extension fields of a completion (the OpenAI fields are unchanged): `graphplanner` holds the
 route (one entry per LLM call: step, role, llm, node, input/output tokens, cost_usd, latency_s,
 error), `cost_usd` (the sum over the route), `history_rows` (history memory rows the decisions
-read), `task` and `timing` (total, backbone and router seconds); the `x-gp-route` header gives the
+read), `task` and `timing` (seconds: total_s; backbone_s awaiting LLM calls; router_s = total_s -
+backbone_s, the router's overhead including waiting for the event loop; compute_s, the router's
+own work: features, its share of the batched policy calls; decisions); the `x-gp-route` header gives the
 route compactly ("role:llm,role:llm,...") and `x-gp-cost-usd` the total $ cost. `usage` sums the
 tokens of every call.
 

@@ -15,9 +15,10 @@ or the OpenAI-compatible pool with its limits, retries and replicas).
 Memory: decisions read the history memory (per-hub sums in the transductive mode). A served
 request joins it when its outcome is known: `feedback(id, score)` turns the request's calls into
 history rows with utility = score (as a training episode's calls join with their utility), the
-oldest rows beyond history_capacity are evicted, and the memory file is rewritten atomically
-(serving/store.py). Later decisions read the new rows. The memory starts from the checkpoint's
-history (the training episodes) or, when the memory file exists, from that file.
+oldest rows beyond history_capacity are evicted, and the rows are appended to the memory file's
+journal and fsynced before the feedback is acknowledged (serving/store.MemoryFile: base snapshot
+replaced atomically + journal). Later decisions read the new rows. The memory starts from the
+checkpoint's history (the training episodes) or, when the memory file exists, from that file.
 
 The library part takes explicit arguments; `load_config` is the one place that reads a recorded
 config (and refuses command-line overrides of fields that changed what was trained).
@@ -149,8 +150,9 @@ class DecisionBatcher:
     actions, _, _ = self.runner.act(batch, self._key, True)
     return actions[:len(obs)]
 
-  async def decide(self, obs: dict, query_emb: np.ndarray) -> int:
-    """The greedy action for one observation (awaits the next batched policy call)."""
+  async def decide(self, obs: dict, query_emb: np.ndarray) -> tuple[int, float]:
+    """The greedy action for one observation (awaits the next batched policy call), and this
+    observation's share of that call's time (seconds / batch size)."""
     if self._task is None or self._task.done():
       self._wake = asyncio.Event()
       self._task = asyncio.get_running_loop().create_task(self._serve())
@@ -179,12 +181,13 @@ class DecisionBatcher:
           if not fut.done():
             fut.set_exception(e)
         continue
-      self.act_s += time.perf_counter() - t0
+      dt = time.perf_counter() - t0
+      self.act_s += dt
       self.calls += 1
       self.decisions += len(batch)
       for (_, _, fut), a in zip(batch, actions):
         if not fut.done():
-          fut.set_result(int(a))
+          fut.set_result((int(a), dt / len(batch)))
 
   async def aclose(self) -> None:
     if self._task is not None:
@@ -259,18 +262,29 @@ class RouterSession:
 
     # Memory: the file when it exists, else the checkpoint's history (training episodes).
     self.memory_path = pathlib.Path(memory_path) if memory_path else None
+    # A new base every capacity/4 journal rows: the whole-memory rewrite costs about 4 appended
+    # rows' bytes per appended row, and a restart replays at most a quarter of the capacity.
+    self.memfile = (store.MemoryFile(self.memory_path, row_dim=self.featurizer.spec.row_dim,
+                                     num_hubs=self.space.size,
+                                     compact_rows=max(4096, self.history.capacity // 4))
+                    if self.memory_path is not None else None)
     self.feedback_ids: collections.OrderedDict[str, None] = collections.OrderedDict()
     self.served_rows = 0
-    restored = None
-    if self.memory_path is not None:
-      restored = store.load_memory(self.memory_path, row_dim=self.featurizer.spec.row_dim,
-                                   num_hubs=self.space.size)
+    self._seq = 0                  # feedback records so far (journal sequence number)
+    self._pending: list = []       # feedback records not yet on disk
+    restored = self.memfile.load() if self.memfile is not None else None
     if restored is not None:
-      rows, hubs, header = restored
+      rows, hubs, header, records = restored
       self.history.load_state_dict({"rows": rows, "hubs": hubs})
-      self.history.evict()
       self.feedback_ids.update((i, None) for i in header.get("feedback_ids", []))
       self.served_rows = int(header.get("served_rows", 0))
+      self._seq = int(header.get("seq", 0))
+      for seq, r, h, rid in records:   # acknowledged feedback since the base, in order
+        self.history.add(r, h)
+        self.feedback_ids[rid] = None
+        self.served_rows += len(r)
+        self._seq = seq
+      self.history.evict()
     self.memory_restored = restored is not None
     self.reads_memory = self.mode != "inductive"
     self.routes = store.RouteLog(route_log)
@@ -290,13 +304,11 @@ class RouterSession:
         self.env.mask(state)), q_emb)
     self._slots: asyncio.Semaphore | None = None
     self._write_lock: asyncio.Lock | None = None
-    self._version = 0
-    self._written = -1
     self.in_flight = 0
     self.counters = collections.Counter()
-    if self.memory_path is not None and restored is None:
-      self._save()   # the file exists from the start (the checkpoint's history)
-      self._written = 0
+    if self.memfile is not None and restored is None:
+      # The file exists from the start (the checkpoint's history).
+      self.memfile.write_base(*self._snapshot(), seq=0)
 
   # ---- queries ---------------------------------------------------------------------------------
   def describe(self, q: Query) -> tuple[str, str]:
@@ -360,15 +372,21 @@ class RouterSession:
     rows = np.zeros((0, self.featurizer.spec.row_dim), np.float32)
     history_rows = len(self.history) if self.reads_memory else 0
     backbone_s = 0.0
+    compute_s = time.perf_counter() - t0   # the router's own work (features, policy share)
     decisions = 0
     while not state.done:
+      t1 = time.perf_counter()
       obs = self.featurizer.observe(state, t_emb, q_emb, rows, self.env.mask(state))
-      action = await self.batcher.decide(obs, q_emb)
+      compute_s += time.perf_counter() - t1
+      action, policy_s = await self.batcher.decide(obs, q_emb)
+      compute_s += policy_s
       decisions += 1
       t1 = time.perf_counter()
       res = await self.env.step(state, q, action, seed)
-      backbone_s += time.perf_counter() - t1
+      t2 = time.perf_counter()
+      backbone_s += t2 - t1
       rows = np.concatenate([rows, self.featurizer.memory_rows([res.call], None)])
+      compute_s += time.perf_counter() - t2
     calls = [_call_record(c) for c in state.calls]
     total_s = time.perf_counter() - t0
     failed = [c["error"] for c in calls if c["error"]]
@@ -382,7 +400,8 @@ class RouterSession:
                   usage=_usage(calls), cost_usd=sum(c["cost_usd"] for c in calls),
                   history_rows=history_rows,
                   timing=dict(total_s=total_s, backbone_s=backbone_s,
-                              router_s=max(0.0, total_s - backbone_s), decisions=decisions))
+                              router_s=max(0.0, total_s - backbone_s), compute_s=compute_s,
+                              decisions=decisions))
     self.routes.append(record)
     self.counters["served"] += 1
     return Served(state.final_answer, record)
@@ -417,7 +436,8 @@ class RouterSession:
     record = dict(type="route", id=rid, created=created, model=model, alpha=None, task=task,
                   query=q.query, answer=out.text, calls=[call], usage=_usage([call]),
                   cost_usd=out.cost_usd, history_rows=None,
-                  timing=dict(total_s=total_s, backbone_s=total_s, router_s=0.0, decisions=0))
+                  timing=dict(total_s=total_s, backbone_s=total_s, router_s=0.0, compute_s=0.0,
+                              decisions=0))
     self.routes.append(record)
     self.counters["passthrough"] += 1
     return Served(out.text, record)
@@ -460,9 +480,11 @@ class RouterSession:
     self.feedback_ids[rid] = None
     while len(self.feedback_ids) > store.FEEDBACK_IDS_KEPT:
       self.feedback_ids.popitem(last=False)
+    self._seq += 1
+    self._pending.append((self._seq, rows, hubs, rid))
     self.routes.append(dict(type="feedback", id=rid, score=float(score), created=time.time()))
     self.counters["feedback"] += 1
-    await self.flush()
+    await self.flush()   # acknowledged feedback is on disk
     return dict(id=rid, score=float(score), rows_added=len(rows), rows_evicted=evicted,
                 memory_rows=len(self.history))
 
@@ -473,25 +495,27 @@ class RouterSession:
                   saved=time.time())
     return self.history.rows, self.history.hubs, header
 
-  def _save(self) -> None:
-    store.save_memory(self.memory_path, *self._snapshot())
-
-  async def flush(self) -> None:
-    """Persists the memory (when a memory file is set); returns once a write that includes every
-    change made before the call is on disk. Concurrent calls share writes."""
-    if self.memory_path is None:
+  async def flush(self, *, compact: bool = False) -> None:
+    """Puts every feedback made before the call on disk (when a memory file is set): appended to
+    the journal, or folded into a new base when the journal is long (or `compact`). Concurrent
+    calls share writes; each returns once its own feedback is written."""
+    if self.memfile is None:
       return
-    self._version += 1
-    target = self._version
     if self._write_lock is None:
       self._write_lock = asyncio.Lock()
     async with self._write_lock:
-      if self._written >= target:
-        return
-      version = self._version
-      snapshot = self._snapshot()   # arrays are replaced, never modified in place: safe to hand off
-      await asyncio.to_thread(store.save_memory, self.memory_path, *snapshot)
-      self._written = version
+      pending, self._pending = self._pending, []
+      new_rows = sum(len(p[1]) for p in pending)
+      base = None
+      if (self.memfile.journal_rows + new_rows > self.memfile.compact_rows
+          or (compact and (pending or self.memfile.journal_rows))):
+        # Arrays are replaced, never modified in place, so the snapshot is safe to hand off; it
+        # holds exactly the feedback up to self._seq, which `pending` ends with.
+        base = (*self._snapshot(), self._seq)
+      if base is not None:
+        await asyncio.to_thread(lambda: self.memfile.write_base(*base[:3], seq=base[3]))
+      elif pending:
+        await asyncio.to_thread(self.memfile.append, pending)
 
   def memory_info(self) -> dict:
     counts = np.bincount(self.history.hubs, minlength=self.space.size)[:self.space.size]
@@ -502,6 +526,7 @@ class RouterSession:
         per_hub[f"{role.name}/{llm}"] = int(n)
     return dict(rows=len(self.history), capacity=self.history.capacity,
                 served_rows=self.served_rows, feedback=len(self.feedback_ids),
+                journal_rows=self.memfile.journal_rows if self.memfile else 0,
                 mode=self.mode, read_by_decisions=self.reads_memory,
                 path=str(self.memory_path) if self.memory_path else None,
                 restored=self.memory_restored, per_hub=per_hub)
@@ -518,7 +543,7 @@ class RouterSession:
 
   async def aclose(self) -> None:
     await self.batcher.aclose()
-    await self.flush()
+    await self.flush(compact=True)
     self.routes.close()
     await self.pool.aclose()
 

@@ -1,11 +1,21 @@
 """What a router server keeps on disk: its history memory and its route log.
 
-Memory file (`--memory_path`, one .npz): the history rows [n, F] float32, their hub (action) ids
-[n] int32 and a JSON header (row width, hub count, capacity, the completion ids whose feedback
-is in the memory). It is rewritten whole on every change: written to a temporary file in the same
-folder, fsynced, then renamed over the old one (os.replace is atomic on POSIX) and the folder
-fsynced, so a process killed at any moment (kill -9 included) leaves either the old memory or the
-new one, never a mix.
+Memory (`--memory_path`): a base snapshot plus an append-only journal.
+  <path>          .npz: history rows [n, F] float32, hub (action) ids [n] int32 and a JSON header
+                  (row width, hub count, capacity, the completion ids whose feedback it holds,
+                  `seq`: the last journal record folded in). Always replaced whole: written to a
+                  temporary file in the same folder, fsynced, renamed over the old one (os.replace
+                  is atomic on POSIX), folder fsynced.
+  <path>.journal  one record per feedback: [magic, seq, length, crc32] + the rows, hubs and id;
+                  appended and fsynced before the feedback is acknowledged.
+Restoring = the base, then the journal records with seq > base seq, then eviction to capacity
+(the oldest rows first, as when serving). A record torn by a crash fails its length or crc32
+check; it and anything after it are dropped (and cut off the file). When the journal holds more
+rows than `compact_rows`, a new base is written and the journal emptied; a crash between the two
+leaves records the base already holds, which their seq skips. So a process killed at any moment
+(kill -9 included) restores every acknowledged feedback, and never a half-written one. A feedback
+costs one small append instead of rewriting the whole memory (about a second at 100,000 rows of
+259 floats on the 2-core machine).
 
 Route log (JSONL): one line per served request ("route": the query, the answer, every call of
 the workflow with its role, LLM, texts, tokens, $ cost and latency) and one line per feedback
@@ -20,6 +30,8 @@ import io
 import json
 import os
 import pathlib
+import struct
+import zlib
 from typing import Iterable, Iterator
 
 import numpy as np
@@ -94,6 +106,100 @@ def load_memory(path, *, row_dim: int, num_hubs: int) -> tuple[np.ndarray, np.nd
     raise errors.DataError(f"{path}: memory made for {header.get('num_hubs')} (role, LLM) hubs, "
                            f"this router has {num_hubs}")
   return rows, hubs, header
+
+
+_MAGIC = b"GPJ1"
+_HEAD = struct.Struct("<4sQII")   # magic, seq, payload length, crc32 of the payload
+
+
+class MemoryFile:
+  """The memory's base snapshot and journal (module docstring).
+
+  Args:
+    path: the base file; the journal is path + ".journal".
+    row_dim, num_hubs: what this router's rows look like (a file of another router is refused).
+    compact_rows: journal rows above which the next write folds the journal into a new base.
+  """
+
+  def __init__(self, path, *, row_dim: int, num_hubs: int, compact_rows: int = 4096):
+    self.path = pathlib.Path(path)
+    self.journal_path = self.path.with_name(self.path.name + ".journal")
+    self.row_dim, self.num_hubs, self.compact_rows = row_dim, num_hubs, compact_rows
+    self.journal_rows = 0
+    self.compactions = 0
+
+  def exists(self) -> bool:
+    return self.path.exists()
+
+  def load(self) -> tuple[np.ndarray, np.ndarray, dict, list] | None:
+    """(base rows, base hubs, base header, journal records [(seq, rows, hubs, id)] past the base);
+    None when there is no base. Cuts a torn journal tail off the file."""
+    base = load_memory(self.path, row_dim=self.row_dim, num_hubs=self.num_hubs)
+    if base is None:
+      return None
+    rows, hubs, header = base
+    seq0 = int(header.get("seq", 0))
+    records, good_end = [], 0
+    if self.journal_path.exists():
+      data = self.journal_path.read_bytes()
+      pos = 0
+      while pos + _HEAD.size <= len(data):
+        magic, seq, n, crc = _HEAD.unpack_from(data, pos)
+        payload = data[pos + _HEAD.size:pos + _HEAD.size + n]
+        if magic != _MAGIC or len(payload) != n or zlib.crc32(payload) != crc:
+          break
+        try:
+          with np.load(io.BytesIO(payload), allow_pickle=False) as z:
+            r, h, rid = np.asarray(z["rows"], np.float32), np.asarray(z["hubs"], np.int32), str(z["id"])
+        except (OSError, ValueError, KeyError):
+          break
+        if r.ndim != 2 or r.shape[1] != self.row_dim or h.shape != (len(r),) or (
+            len(h) and (h.min() < 0 or h.max() >= self.num_hubs)):
+          raise errors.DataError(f"{self.journal_path}: record {seq} does not fit this router")
+        pos += _HEAD.size + n
+        good_end = pos
+        if seq > seq0:
+          records.append((int(seq), r, h, rid))
+      if good_end < len(data):   # a torn tail: drop it so later appends follow a whole record
+        with open(self.journal_path, "r+b") as f:
+          f.truncate(good_end)
+          f.flush()
+          os.fsync(f.fileno())
+    self.journal_rows = sum(len(r) for _, r, _, _ in records)
+    return rows, hubs, header, records
+
+  def append(self, records: list[tuple[int, np.ndarray, np.ndarray, str]]) -> None:
+    """Appends feedback records [(seq, rows, hubs, id)] to the journal and fsyncs it."""
+    chunks = []
+    for seq, rows, hubs, rid in records:
+      buf = io.BytesIO()
+      np.savez(buf, rows=np.asarray(rows, np.float32), hubs=np.asarray(hubs, np.int32),
+               id=np.array(rid))
+      payload = buf.getvalue()
+      chunks.append(_HEAD.pack(_MAGIC, seq, len(payload), zlib.crc32(payload)) + payload)
+      self.journal_rows += len(rows)
+    self.journal_path.parent.mkdir(parents=True, exist_ok=True)
+    new = not self.journal_path.exists()
+    with open(self.journal_path, "ab") as f:
+      f.write(b"".join(chunks))
+      f.flush()
+      os.fsync(f.fileno())
+    if new:
+      _fsync_dir(self.journal_path.parent)
+
+  def needs_compaction(self) -> bool:
+    return self.journal_rows > self.compact_rows
+
+  def write_base(self, rows: np.ndarray, hubs: np.ndarray, header: dict, seq: int) -> None:
+    """A new base holding everything up to journal record `seq`; then the journal is emptied."""
+    save_memory(self.path, rows, hubs, dict(header, seq=int(seq)))
+    if self.journal_path.exists():
+      with open(self.journal_path, "r+b") as f:
+        f.truncate(0)
+        f.flush()
+        os.fsync(f.fileno())
+    self.journal_rows = 0
+    self.compactions += 1
 
 
 class RouteLog:
