@@ -265,6 +265,10 @@ def test_memory_is_bounded_and_survives_kill_9_and_restart(served, workdir, tmp_
         model="graphplanner", messages=[{"role": "user", "content": QUERY}]))["history_rows"] == capacity
   finally:
     restarted.stop()
+  # A clean stop (SIGTERM) folds the journal into a new base.
+  rows, _, header, records = store.MemoryFile(memory_path, row_dim=_row_dim(),
+                                              num_hubs=_num_hubs()).load()
+  assert records == [] and len(rows) == capacity and header["seq"] > 0
   # The route log exports as LLMRouter rows, one per call of every scored request.
   out = tmp_path / "rows.jsonl"
   subprocess.run([sys.executable, "-m", "experiments.export_routes", f"--route_log={route_log}",
@@ -360,3 +364,26 @@ def test_memory_file_survives_crashes_at_any_point(tmp_path, monkeypatch):
   assert len(rows) == 9 and header["seq"] == 3
   with pytest.raises(Exception, match="other features"):
     store.MemoryFile(path, row_dim=F + 1, num_hubs=A).load()
+
+
+def test_history_sums_stay_exact_while_a_full_memory_evicts(workdir):
+  """In process: feedback on a full memory evicts on every call; the decisions' per-hub sums,
+  kept incrementally (add new rows, subtract evicted ones), equal a full recompute."""
+  from gp_jax.serving import session as session_lib
+  s = session_lib.RouterSession(session_lib.load_config(workdir, {}), workdir, max_concurrency=1)
+  capacity = s.history.capacity
+  rng = np.random.default_rng(0)
+
+  async def run():
+    while s.counters["evicting_feedback"] < 5:
+      c = await s.complete(f"{QUERY} #{s.counters['served']}")
+      out = await s.feedback(c.record["id"], float(rng.uniform()))
+      s.counters["evicting_feedback"] += out["rows_evicted"] > 0
+    await s.aclose()
+
+  asyncio.run(run())
+  assert len(s.history) == capacity and s._evicted_since_sync > 0   # incremental path taken
+  kept_sum, kept_count = s.runner.hub_sum.copy(), s.runner.hub_count.copy()
+  s.runner.set_params(s.params, s.history)
+  np.testing.assert_allclose(kept_count, s.runner.hub_count)
+  np.testing.assert_allclose(kept_sum, s.runner.hub_sum, rtol=1e-4, atol=1e-4)

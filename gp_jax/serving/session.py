@@ -292,6 +292,7 @@ class RouterSession:
     self.runner = rollout.PolicyRunner(self.model, self.featurizer.hub_features,
                                        max(BATCH_BUCKETS), featurizer=self.featurizer)
     self.runner.set_params(self.params, self.history if self.reads_memory else None)
+    self._evicted_since_sync = 0
     self.max_concurrency = max_concurrency
     buckets = tuple(b for b in BATCH_BUCKETS if b < max_concurrency) + (max_concurrency,)
     self.batcher = DecisionBatcher(self.runner, buckets, index=self._new_index(),
@@ -468,14 +469,24 @@ class RouterSession:
     hubs = np.array([c["action"] for c in rec["calls"]], np.int32)
     # No await until the memory and the decision inputs agree again: decisions run on this loop.
     self.history.add(rows, hubs)
+    extra = max(0, len(self.history) - self.history.capacity)
+    gone_rows, gone_hubs = self.history.rows[:extra], self.history.hubs[:extra]
     evicted = self.history.evict()
     if self.reads_memory:
-      if evicted or self.runner.summary:
+      self._evicted_since_sync += evicted
+      if self.runner.summary or self._evicted_since_sync > self.history.capacity:
+        # Full recompute: the summary mode always; the sums once per capacity evicted rows,
+        # which bounds the float32 drift of subtracting (amortised: one row pass per row).
         self.runner.set_params(self.params, self.history)
-        if self.batcher.index is not None:
-          self.batcher.index = self._new_index()
+        self._evicted_since_sync = 0
       else:
+        # Incremental: a full memory evicts on every feedback, and recomputing all 100,000 rows
+        # of a default-size memory each time would cost more than the decisions.
         self.runner.add_history(rows, hubs)
+        if evicted:
+          self.runner.add_history(gone_rows, gone_hubs, sign=-1.0)
+      if evicted and self.batcher.index is not None:
+        self.batcher.index = self._new_index()
     self.served_rows += len(rows)
     self.feedback_ids[rid] = None
     while len(self.feedback_ids) > store.FEEDBACK_IDS_KEPT:
