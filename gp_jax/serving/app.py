@@ -114,9 +114,10 @@ def _messages(body: dict) -> list[dict]:
         raise RequestError(400, f"messages[{i}].content must be a string or text parts",
                            "invalid_messages", f"messages[{i}].content")
     out.append({"role": m["role"], "content": text})
-  if not any(m["role"] == "user" and m["content"].strip() for m in out):
-    raise RequestError(400, "no user message: the last user message is the query",
-                       "no_user_message", "messages")
+  users = [m for m in out if m["role"] == "user"]
+  if not users or not users[-1]["content"].strip():
+    raise RequestError(400, "no user message: the last user message is the query, and it must "
+                       "not be empty", "no_user_message", "messages")
   return out
 
 
@@ -205,8 +206,11 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     raise RequestError(400, "stream must be a boolean", "invalid_parameter", "stream")
   if body.get("n", 1) != 1:
     raise RequestError(400, "only n = 1 is supported", "invalid_parameter", "n")
-  include_usage = bool((body.get("stream_options") or {}).get("include_usage")) if isinstance(
-      body.get("stream_options") or {}, dict) else False
+  stream_options = body.get("stream_options") or {}
+  if not isinstance(stream_options, dict):
+    raise RequestError(400, "stream_options must be an object", "invalid_parameter",
+                       "stream_options")
+  include_usage = bool(stream_options.get("include_usage"))
   task = _task_hint(body)
   s.check_task(task)
   params = _sampling(body, s.system.sampling)
@@ -241,17 +245,20 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
            **extra}
     return f"data: {json.dumps(obj)}\n\n".encode()
 
-  await resp.write(chunk({"role": "assistant", "content": ""}))
-  text = served.answer
-  for i in range(0, len(text), STREAM_PIECE_CHARS):
-    await resp.write(chunk({"content": text[i:i + STREAM_PIECE_CHARS]}))
-  await resp.write(chunk({}, "stop", graphplanner=_extension(rec)))
-  if include_usage:
-    obj = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
-           "choices": [], "usage": rec["usage"]}
-    await resp.write(f"data: {json.dumps(obj)}\n\n".encode())
-  await resp.write(b"data: [DONE]\n\n")
-  await resp.write_eof()
+  try:
+    await resp.write(chunk({"role": "assistant", "content": ""}))
+    text = served.answer
+    for i in range(0, len(text), STREAM_PIECE_CHARS):
+      await resp.write(chunk({"content": text[i:i + STREAM_PIECE_CHARS]}))
+    await resp.write(chunk({}, "stop", graphplanner=_extension(rec)))
+    if include_usage:
+      obj = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+             "choices": [], "usage": rec["usage"]}
+      await resp.write(f"data: {json.dumps(obj)}\n\n".encode())
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+  except ConnectionResetError:   # the client left mid-stream; the request is served and logged
+    s.counters["client_gone"] += 1
   return resp
 
 
