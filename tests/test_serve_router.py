@@ -2,6 +2,7 @@
 workdir trained with experiments/configs/test.py (trained once per session), spoken to with the
 official `openai` client (and raw HTTP where the client hides the wire format)."""
 import asyncio
+import csv
 import json
 import os
 import signal
@@ -263,6 +264,16 @@ def test_memory_is_bounded_and_survives_kill_9_and_restart(served, workdir, tmp_
     assert status == 409
     assert _ext(_client(restarted).chat.completions.create(
         model="graphplanner", messages=[{"role": "user", "content": QUERY}]))["history_rows"] == capacity
+    # Export from the running server (/v1/routes), unscored requests included.
+    out = tmp_path / "all.csv"
+    subprocess.run([sys.executable, "-m", "experiments.export_routes", f"--url={restarted.url}",
+                    f"--out={out}", "--include_unscored"], check=True, cwd=paths.REPO_ROOT,
+                   capture_output=True)
+    listed = _get(restarted, "/v1/routes?since=0&limit=100000")["data"]
+    with open(out, newline="") as f:
+      table = list(csv.reader(f))   # responses (planner lines) hold newlines: read it as CSV
+    assert table[0] == list(store.LLMROUTER_FIELDS)
+    assert len(table) - 1 == sum(len(r["calls"]) for r in listed)
   finally:
     restarted.stop()
   # A clean stop (SIGTERM) folds the journal into a new base.
