@@ -247,6 +247,26 @@ class SimWorld:
                        meta={"hardness": h, "complexity": k}))
     return out
 
+  def adopt_query(self, text: str, task: str) -> NodeInfo:
+    """The node of a query text from outside the simulator (a request to the router server).
+
+    A text the world already knows keeps its latents; a new one gets latents drawn like
+    `sample_queries` draws them (hardness around the task's offset, complexity, gold answer),
+    seeded by the text and task, so the same request always meets the same simulated query.
+    `text` must be one line (the prompts show the question on one line)."""
+    known = self.lookup(text)
+    if known is not None:
+      return known
+    if task not in TASKS:
+      raise errors.unknown_name("simulated task", task, TASKS)
+    domain, _, offset, _ = TASKS[task]
+    rng = _rng("adopted", text, task)
+    h = float(rng.normal(offset, HARDNESS_SD))
+    k = int(rng.choice(np.arange(1, 5), p=COMPLEXITY_PROBS))
+    gold = str(int(rng.integers(1000, 10000)))
+    key = "adopted-" + hashlib.blake2b(repr((text, task)).encode(), digest_size=8).hexdigest()
+    return self._register(NodeInfo(key, task, domain, h, k, gold, text.strip()))
+
   def _query_text(self, rng, phrase, domain, h, k, noun) -> str:
     word = difficulty_word(h + float(rng.normal(0.0, OBS_NOISE)))
     vocab = _VOCAB[domain]

@@ -111,8 +111,10 @@ class PolicyRunner:
     embeddings in the summary mode)."""
     return np.array(self.hub_sum)
 
-  def add_history(self, rows: np.ndarray, hubs: np.ndarray) -> None:
-    """New history rows: added to the kept sums (the summary changes only at set_params)."""
+  def add_history(self, rows: np.ndarray, hubs: np.ndarray, sign: float = 1.0) -> None:
+    """New history rows: added to the kept sums (the summary changes only at set_params).
+    sign=-1 subtracts rows that left the history (a server evicting as it goes; float32 sums
+    drift slowly that way, so it recomputes them with set_params from time to time)."""
     if not self.keeps_sums:
       return
     for i in range(0, len(rows), ROW_CHUNK):
@@ -122,8 +124,8 @@ class PolicyRunner:
       ph = np.full(ROW_CHUNK, self.num_hubs, np.int32)
       ph[:len(h)] = h
       s, c = self._rows_chunk(self.params, pr, ph)
-      self.hub_sum += np.asarray(s)
-      self.hub_count += np.asarray(c)
+      self.hub_sum += sign * np.asarray(s)
+      self.hub_count += sign * np.asarray(c)
 
   def remove_history(self, rows: np.ndarray, hubs: np.ndarray) -> None:
     """Evicted history rows: subtracted from the kept sums (online memory; same parameters as

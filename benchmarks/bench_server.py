@@ -1,0 +1,150 @@
+"""Throughput, latency and router overhead of experiments/serve_router.py at 1 / 16 / 64 clients.
+
+Two backends: the embedded simulator (backbone time ~0, so the numbers are the router's own
+cost) and the local latency-injecting test server (gp_jax/llm/testing_server.py, every call
+takes --latency_s). Each client sends --requests requests one after another; all clients run at
+once. Printed per (backend, clients): requests/s; p50/p99 end-to-end latency; the router's
+overhead per decision (server time minus time awaiting backbones, divided by the request's
+decisions; p50/p99 over requests; it includes waiting for the event loop while other requests'
+work runs), the router's own compute per decision (features, the request's share of the batched
+policy call; no waiting); and, on the test server, throughput against the ideal that backbone
+latency and concurrency allow (clients / (calls per request x latency)). On the simulator the
+backbone time is the simulator's own CPU work in the server process.
+
+  python benchmarks/bench_server.py [--workdir runs/alpha0.5] [--latency_s 0.2] [--clients 1,16,64]
+
+Without --workdir a router is trained with experiments/configs/test.py into a temporary folder.
+"""
+import argparse
+import asyncio
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+import time
+
+import aiohttp
+import numpy as np
+
+from gp_jax import paths
+from gp_jax import system as system_lib
+from gp_jax.llm import catalog as catalog_lib
+from gp_jax.serving import process
+
+
+def start_test_server(latency_s: float, models: list[str]) -> tuple[subprocess.Popen, str]:
+  proc = subprocess.Popen([sys.executable, "-m", "gp_jax.llm.testing_server", "--port", "0",
+                           "--latency_s", str(latency_s), "--models", ",".join(models)],
+                          stdout=subprocess.PIPE, text=True, cwd=paths.REPO_ROOT)
+  line = proc.stdout.readline().strip()
+  if not line.startswith("listening on "):
+    proc.kill()
+    raise SystemExit(f"error: test server did not start: {line!r}")
+  return proc, line.split()[-1] + "/v1"
+
+
+async def load(url: str, clients: int, requests: int) -> dict:
+  """Runs `clients` clients of `requests` sequential requests each; returns per-request facts."""
+  out = []
+
+  async def client(session, c):
+    for r in range(requests):
+      body = {"model": "graphplanner",
+              "messages": [{"role": "user", "content": f"Question {c}-{r}: how many moons?"}]}
+      t0 = time.perf_counter()
+      async with session.post(url + "/v1/chat/completions", json=body) as resp:
+        data = await resp.json()
+        if resp.status != 200:
+          raise SystemExit(f"error: request failed with {resp.status}: {data}")
+      ext = data["graphplanner"]
+      out.append(dict(e2e=time.perf_counter() - t0, calls=len(ext["route"]), **ext["timing"]))
+
+  conn = aiohttp.TCPConnector(limit=0)
+  async with aiohttp.ClientSession(connector=conn,
+                                   timeout=aiohttp.ClientTimeout(total=600)) as session:
+    await client(session, -1)   # warm-up (connections, first-call paths)
+    out.clear()
+    t0 = time.perf_counter()
+    await asyncio.gather(*[client(session, c) for c in range(clients)])
+    wall = time.perf_counter() - t0
+  return dict(records=out, wall=wall)
+
+
+def summarise(res: dict, clients: int, latency_s: float | None) -> dict:
+  r = res["records"]
+  e2e = np.array([x["e2e"] for x in r])
+  per_dec = np.array([x["router_s"] / max(1, x["decisions"]) for x in r])
+  work = np.array([x["compute_s"] / max(1, x["decisions"]) for x in r])
+  calls = np.mean([x["calls"] for x in r])
+  row = dict(clients=clients, requests=len(r), rps=len(r) / res["wall"],
+             p50=np.percentile(e2e, 50), p99=np.percentile(e2e, 99),
+             over50=np.percentile(per_dec, 50) * 1e3, over99=np.percentile(per_dec, 99) * 1e3,
+             work50=np.percentile(work, 50) * 1e3, work99=np.percentile(work, 99) * 1e3,
+             calls=calls, ideal=None)
+  if latency_s:
+    row["ideal"] = clients / (calls * latency_s)
+  return row
+
+
+def main():
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--workdir", default="", help="trained run to serve (default: train test.py)")
+  ap.add_argument("--latency_s", type=float, default=0.2, help="test server latency per call")
+  ap.add_argument("--clients", default="1,16,64")
+  ap.add_argument("--requests", type=int, default=8, help="sequential requests per client")
+  ap.add_argument("--backends", default="simulator,testing_server")
+  args = ap.parse_args()
+  tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench_server_"))
+  workdir = args.workdir
+  if not workdir:
+    workdir = tmp / "router"
+    print(f"training a router with experiments/configs/test.py into {workdir}", file=sys.stderr)
+    subprocess.run([sys.executable, "-m", "experiments.train",
+                    "--config=experiments/configs/test.py", f"--workdir={workdir}",
+                    "--noevaluate"], check=True, cwd=paths.REPO_ROOT, capture_output=True)
+  config = json.loads((pathlib.Path(workdir) / "config.json").read_text())
+  catalog = catalog_lib.load_catalog(config.get("catalog_file") or catalog_lib.DEFAULT_POOL_FILE)
+  llms = system_lib.select_llms(catalog, config["llms"])
+  clients = [int(c) for c in args.clients.split(",")]
+  rows = []
+  for backend in args.backends.split(","):
+    extra, test_server, latency = [], None, None
+    if backend == "testing_server":
+      test_server, url = start_test_server(args.latency_s, llms)
+      ep = tmp / "endpoints.json"
+      ep.write_text(json.dumps({m: [{"base_url": url, "model": m}] for m in llms}))
+      extra = ["--config.backend=endpoints", f"--config.endpoints_file={ep}"]
+      latency = args.latency_s
+    elif backend != "simulator":
+      raise SystemExit(f"error: unknown backend {backend!r} (simulator, testing_server)")
+    srv = process.RouterProcess([f"--workdir={workdir}", "--memory_path=none",
+                                 f"--max_concurrency={max(clients)}"] + extra,
+                                tmp / f"server-{backend}.log")
+    try:
+      srv.start()
+      for c in clients:
+        row = summarise(asyncio.run(load(srv.url, c, args.requests)), c, latency)
+        row["backend"] = backend
+        rows.append(row)
+        print(f"{backend} x{c}: {row['rps']:.1f} req/s", file=sys.stderr)
+    finally:
+      srv.stop()
+      if test_server is not None:
+        test_server.kill()
+        test_server.wait()
+  print(f"\nrouter server, {args.requests} requests per client, test-server latency "
+        f"{args.latency_s:g} s per call\n")
+  print("| backend | clients | req/s | p50 latency (s) | p99 latency (s) | router overhead per "
+        "decision p50 / p99 (ms) | router compute per decision p50 / p99 (ms) | LLM calls per "
+        "request | throughput / ideal |")
+  print("|---|---|---|---|---|---|---|---|---|")
+  for r in rows:
+    ratio = f"{r['rps'] / r['ideal']:.2f}" if r["ideal"] else "n/a (no backbone latency)"
+    print(f"| {r['backend']} | {r['clients']} | {r['rps']:.1f} | {r['p50']:.3f} | {r['p99']:.3f} "
+          f"| {r['over50']:.2f} / {r['over99']:.2f} | {r['work50']:.2f} / {r['work99']:.2f} "
+          f"| {r['calls']:.1f} | {ratio} |")
+
+
+if __name__ == "__main__":
+  main()

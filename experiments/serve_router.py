@@ -1,0 +1,58 @@
+"""Serves a trained router over an OpenAI-compatible API (docs/serving.md).
+
+  python -m experiments.serve_router --workdir=runs/alpha0.5 --port=8080 \
+      --memory_path=runs/alpha0.5/served/memory.npz
+
+The workdir's recorded config and best checkpoint define the router; --config.* may change only
+where the backbones are (--config.backend=endpoints --config.endpoints_file=...), timeouts, caches
+and sampling.max_tokens. Default backend: the embedded simulator, as the run was trained.
+"""
+import pathlib
+
+from absl import flags
+from ml_collections import config_flags
+
+from experiments import common
+from gp_jax.serving import app
+from gp_jax.serving import session
+
+_CONFIG = common.define_config("experiments/configs/default.py",
+                               "Only --config.* overrides are read (the workdir's config.json is "
+                               "the config); see gp_jax/serving/session.SERVE_OVERRIDABLE.")
+_WORKDIR = flags.DEFINE_string("workdir", "runs/alpha0.5", "Workdir of a training run.")
+_HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.")
+_PORT = flags.DEFINE_integer("port", 8080, "Port (0: a free one, printed at start).")
+_MAX_CONCURRENCY = flags.DEFINE_integer("max_concurrency", 64,
+                                        "Requests whose workflows run at once; more wait.")
+_MEMORY_PATH = flags.DEFINE_string("memory_path", "",
+                                   "History memory file, restored at start and rewritten "
+                                   "atomically on every feedback ('' = <workdir>/served/memory.npz; "
+                                   "'none' = RAM only).")
+_ROUTE_LOG = flags.DEFINE_string("route_log", "",
+                                 "Route log (JSONL) of served requests and feedback ('' = "
+                                 "routes.jsonl next to the memory file; 'none' = RAM only).")
+_DEFAULT_TASK = flags.DEFINE_string("default_task", "",
+                                    "Task family of requests without metadata.task ('' = mmlu "
+                                    "on the simulator, the first training task otherwise).")
+_MAX_BODY = flags.DEFINE_integer("max_body_bytes", 1 << 20, "Larger request bodies get 413.")
+_DEADLINE = flags.DEFINE_float("deadline_s", 600.0, "A request unanswered after this gets 504.")
+
+
+@common.user_errors_exit_2
+def main(argv):
+  del argv
+  overrides = config_flags.get_override_values(flags.FLAGS["config"])
+  config = session.load_config(_WORKDIR.value, overrides)
+  memory = _MEMORY_PATH.value or str(pathlib.Path(_WORKDIR.value) / "served" / "memory.npz")
+  memory = None if memory == "none" else memory
+  log = _ROUTE_LOG.value or (str(pathlib.Path(memory).with_name("routes.jsonl")) if memory else "")
+  log = None if log in ("", "none") else log
+  s = session.RouterSession(config, _WORKDIR.value, max_concurrency=_MAX_CONCURRENCY.value,
+                            memory_path=memory, route_log=log,
+                            default_task=_DEFAULT_TASK.value or None)
+  app.serve(s, host=_HOST.value, port=_PORT.value, max_body_bytes=_MAX_BODY.value,
+            deadline_s=_DEADLINE.value)
+
+
+if __name__ == "__main__":
+  common.run(main)

@@ -1,0 +1,1 @@
+"""Serving a trained GraphPlanner router over an OpenAI-compatible HTTP API (docs/serving.md)."""
