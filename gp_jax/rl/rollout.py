@@ -130,17 +130,7 @@ class PolicyRunner:
   def remove_history(self, rows: np.ndarray, hubs: np.ndarray) -> None:
     """Evicted history rows: subtracted from the kept sums (online memory; same parameters as
     when they were added, so each row's transform is the one that was added)."""
-    if not self.keeps_sums:
-      return
-    for i in range(0, len(rows), ROW_CHUNK):
-      r, h = rows[i:i + ROW_CHUNK], hubs[i:i + ROW_CHUNK]
-      pr = np.zeros((ROW_CHUNK, rows.shape[1]), np.float32)
-      pr[:len(r)] = r
-      ph = np.full(ROW_CHUNK, self.num_hubs, np.int32)
-      ph[:len(h)] = h
-      s, c = self._rows_chunk(self.params, pr, ph)
-      self.hub_sum -= np.asarray(s)
-      self.hub_count -= np.asarray(c)
+    self.add_history(rows, hubs, sign=-1.0)
 
   def act(self, obs: dict, key, greedy: bool):
     a, lp, v = self._act(self.params, self.hub_features, self.hub_sum, self.hub_count, obs, key,

@@ -5,9 +5,7 @@ The test server echoes (it never writes 'Answer: <number>'), so every sampled ut
 simulator would have credited the same calls with its expected utility, which the old evaluation
 did (it tested `system.world is not None`, not what answers the calls as training does).
 """
-import contextlib
 import json
-import signal
 
 import pytest
 
@@ -16,27 +14,11 @@ from gp_jax import system as system_lib
 from gp_jax.llm import catalog as catalog_lib
 from gp_jax.llm import openai_pool
 from gp_jax.llm import testing_server
+from tests.llm.faults import POOL_KIND, deadline
 from gp_jax.rl import pipeline
 from gp_jax.rl import train as train_lib
 
-# Server fault kind -> the kind the pool counts it under (as in test_fault_training.py).
-POOL_KIND = {"timeout": "timeout", "http_500": "http_500", "http_429": "http_429",
-             "reset": "connection", "malformed": "malformed", "empty": "empty"}
 LIMIT_S = 150   # far above the ~20 s this takes; only there to turn a hang into a failure
-
-
-@contextlib.contextmanager
-def deadline(seconds: float):
-  """Raises TimeoutError in the main thread if the block runs longer than `seconds`."""
-  def expire(signum, frame):
-    raise TimeoutError(f"still running after {seconds} s: something hangs")
-  old = signal.signal(signal.SIGALRM, expire)
-  signal.setitimer(signal.ITIMER_REAL, seconds)
-  try:
-    yield
-  finally:
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    signal.signal(signal.SIGALRM, old)
 
 
 @pytest.fixture(scope="module")

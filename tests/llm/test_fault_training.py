@@ -4,11 +4,9 @@ The local test server answers the pool's chat calls (echoes, not the simulator) 
 set rate, timeouts, 500s, 429s, connection resets, malformed JSON and empty content. Training must
 finish, record the failures per iteration and the pool's counters in metrics.jsonl, and never hang.
 """
-import contextlib
 import json
 import math
 import pathlib
-import signal
 import socket
 import subprocess
 import sys
@@ -20,27 +18,11 @@ from gp_jax import system as system_lib
 from gp_jax.llm import catalog as catalog_lib
 from gp_jax.llm import openai_pool
 from gp_jax.llm import testing_server
+from tests.llm.faults import POOL_KIND, deadline
 from gp_jax.rl import train as train_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
-# Server fault kind -> the kind the pool counts it under.
-POOL_KIND = {"timeout": "timeout", "http_500": "http_500", "http_429": "http_429",
-             "reset": "connection", "malformed": "malformed", "empty": "empty"}
 TRAIN_LIMIT_S = 150   # far above the ~20-40 s a run takes; only there to turn a hang into a failure
-
-
-@contextlib.contextmanager
-def deadline(seconds: float):
-  """Raises TimeoutError in the main thread if the block runs longer than `seconds`."""
-  def expire(signum, frame):
-    raise TimeoutError(f"still running after {seconds} s: something hangs")
-  old = signal.signal(signal.SIGALRM, expire)
-  signal.setitimer(signal.ITIMER_REAL, seconds)
-  try:
-    yield
-  finally:
-    signal.setitimer(signal.ITIMER_REAL, 0)
-    signal.signal(signal.SIGALRM, old)
 
 
 @pytest.fixture(scope="module")
