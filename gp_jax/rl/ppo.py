@@ -5,6 +5,9 @@ TrainingState pytree. Each minibatch encodes the history rows once and gives eve
 own history snapshot through prefix sums over chunks of rows cut at the snapshot values.
 History-summary ablation: `hist` carries summary [A, D], the per-hub summary embeddings every
 decision of the iteration read, and all transitions use it (no per-transition sums).
+Given a mesh of several devices (gp_jax/rl/parallel.py) the same update runs as one SPMD program:
+history rows sharded (per-device sums joined by a psum), minibatches split across devices,
+parameters replicated.
 """
 from __future__ import annotations
 
@@ -17,8 +20,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from gp_jax.graph import garnet as garnet_lib
+from gp_jax.rl import parallel
 
 VALUE_MODULES = ("value_row", "value_hub", "value_mlp", "value_shared")
 
@@ -89,27 +95,40 @@ def ppo_loss(logits: chex.Array, values: chex.Array, actions: chex.Array, old_lo
                     clipfrac=clipfrac, approx_kl=approx_kl, ratio_mean=jnp.sum(ratio * weights) / n)
 
 
-def history_chunk_sums(model: garnet_lib.GARNet, params, hist: dict, num_chunks: int, num_hubs: int):
+def history_chunk_sums(model: garnet_lib.GARNet, params, hist: dict, num_chunks: int, num_hubs: int,
+                       mesh=None):
   """Exclusive prefix sums over chunks of per-(chunk, hub) sums of transformed history rows.
 
+  mesh: several devices: hist rows/segment are sharded along parallel.DATA; each device encodes
+  and sums its rows, a psum joins the per-(chunk, hub) sums (the prefix sums then run replicated).
   Returns [num_chunks, A, d]: entry j = per-hub sums of the rows a transition with chunk index j
   saw (gp_jax/graph/history.py, update_inputs).
   """
-  h = model.apply({"params": params}, hist["rows"], method=model.history_rows)
   A = num_hubs
-  per_chunk = jax.ops.segment_sum(h, hist["segment"], num_chunks * A + 1)[:-1]
-  per_chunk = per_chunk.reshape(num_chunks, A, -1)
+
+  def encode(params, rows, segment):
+    h = model.apply({"params": params}, rows, method=model.history_rows)
+    return jax.ops.segment_sum(h, segment, num_chunks * A + 1)
+
+  if parallel.is_sharded(mesh):
+    spec = P(parallel.DATA)
+    per_chunk = jax.shard_map(lambda p, r, s: jax.lax.psum(encode(p, r, s), parallel.DATA),
+                              mesh=mesh, in_specs=(P(), spec, spec), out_specs=P())(
+                                  params, hist["rows"], hist["segment"])
+  else:
+    per_chunk = encode(params, hist["rows"], hist["segment"])
+  per_chunk = per_chunk[:-1].reshape(num_chunks, A, -1)
   inclusive = jnp.cumsum(per_chunk, axis=0)
   return jnp.concatenate([jnp.zeros_like(inclusive[:1]), inclusive[:-1]], 0)
 
 
 def history_sums(model: garnet_lib.GARNet, params, hist: dict, chunk: chex.Array, count: chex.Array,
-                 num_chunks: int):
+                 num_chunks: int, mesh=None):
   """Per-transition hub sums [B, A, d] and counts [B, A] of the history rows each one saw."""
-  return history_chunk_sums(model, params, hist, num_chunks, count.shape[-1])[chunk], count
+  return history_chunk_sums(model, params, hist, num_chunks, count.shape[-1], mesh)[chunk], count
 
 
-def forward_batch(model, params, hub_features, hist, batch, num_chunks: int):
+def forward_batch(model, params, hub_features, hist, batch, num_chunks: int, mesh=None):
   """Logits [B, A] and values [B] of a minibatch, each with its own history snapshot."""
   if "summary" in hist:   # one history input for the whole iteration
     h_hist = model.apply({"params": params}, hub_features, hist["summary"],
@@ -120,7 +139,7 @@ def forward_batch(model, params, hub_features, hist, batch, num_chunks: int):
       return logits, value
     return jax.vmap(one_summary)(batch["obs"])
   sums, count = history_sums(model, params, hist, batch["hist_chunk"], batch["hist_count"],
-                             num_chunks)
+                             num_chunks, mesh)
   def one(obs, s, c):
     h_hist = model.apply({"params": params}, hub_features, s, c, method=model.history_hubs)
     logits = model.apply({"params": params}, h_hist, obs, method=model.policy)
@@ -141,7 +160,8 @@ def entropy_coefficient(step, coef: float, decay_updates: int, final_fraction: f
 def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransformation, *,
                    epochs: int, num_minibatches: int, clip_eps: float, value_coef: float,
                    entropy_coef: float, num_chunks: int, max_traces: int | None = None,
-                   entropy_decay_updates: int = 0, entropy_final_fraction: float = 1.0):
+                   entropy_decay_updates: int = 0, entropy_final_fraction: float = 1.0,
+                   mesh=None):
   """Returns update(state, hub_features, hist, batch) -> (state, metrics), jitted once per shape.
 
   batch: dict of arrays with leading dim N (a multiple of num_minibatches): obs (dict), actions,
@@ -150,11 +170,17 @@ def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransforma
   summary ablation also summary [A, D] (PolicyRunner.history_input_array of the iteration).
   entropy_decay_updates > 0: update k (state.update_step) uses the entropy coefficient
   entropy_coef x (1 - (1 - entropy_final_fraction) x min(k / entropy_decay_updates, 1)).
+  mesh: a jax.sharding.Mesh (axis parallel.DATA) of several devices: the update places its
+  inputs (host data identical on every process) -- history rows sharded, transitions sharded, the
+  rest replicated -- and returns replicated state; N / num_minibatches must then be a multiple of
+  the mesh size, and the history row count too (parallel.pad_rows). One device (or None): the
+  plain jitted function, bit for bit the unsharded program.
   """
+  sharded = parallel.is_sharded(mesh)
   loss_kw = dict(clip_eps=clip_eps, value_coef=value_coef)
 
   def loss_fn(params, hub_features, hist, mb, ent_coef):
-    logits, values = forward_batch(model, params, hub_features, hist, mb, num_chunks)
+    logits, values = forward_batch(model, params, hub_features, hist, mb, num_chunks, mesh)
     w = mb["weights"]
     adv = mb["advantages"]
     return ppo_loss(logits, values, mb["actions"], mb["old_logp"], adv, mb["returns"],
@@ -175,6 +201,9 @@ def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransforma
       params, opt_state = carry
       perm = jax.random.permutation(key, n)
       shuffled = jax.tree_util.tree_map(lambda x: x[perm].reshape((num_minibatches, mb_size) + x.shape[1:]), batch)
+      if sharded:   # data-parallel minibatches: each device takes mb_size / devices transitions
+        shuffled = jax.lax.with_sharding_constraint(
+            shuffled, NamedSharding(mesh, P(None, parallel.DATA)))
 
       def minibatch(carry, mb):
         params, opt_state = carry
@@ -198,4 +227,19 @@ def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransforma
 
   if max_traces is not None:   # tests: fail loudly if anything retraces
     update = chex.assert_max_traces(update, n=max_traces)
-  return jax.jit(update, donate_argnums=(0,))
+  if not sharded:
+    return jax.jit(update, donate_argnums=(0,))
+  rep = parallel.replicated(mesh)
+  jitted = jax.jit(update, donate_argnums=(0,), out_shardings=rep)
+  rows = parallel.rows_sharding(mesh)
+
+  def place_and_update(state, hub_features, hist, batch):
+    if "segment" in hist and not isinstance(hist["segment"], jax.Array):
+      rows_, segment = parallel.pad_rows(hist["rows"], hist["segment"], mesh.size,
+                                         num_chunks * batch["hist_count"].shape[-1])
+      hist = dict(hist, rows=rows_, segment=segment)
+    hist = {k: parallel.put(v, rows if k in ("rows", "segment") else rep) for k, v in hist.items()}
+    return jitted(parallel.put_tree(state, rep), parallel.put(hub_features, rep), hist,
+                  parallel.put_tree(batch, rows))
+  place_and_update.jitted = jitted   # compile counts (jitted._cache_size())
+  return place_and_update

@@ -20,10 +20,12 @@ import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from gp_jax.graph import features as features_lib
 from gp_jax.graph import garnet as garnet_lib
 from gp_jax.graph import history as history_lib
+from gp_jax.rl import parallel
 from gp_jax.types import Query
 from gp_jax.workflow import env as env_lib
 from gp_jax.workflow import mdp
@@ -36,8 +38,10 @@ class PolicyRunner:
 
   def __init__(self, model: garnet_lib.GARNet, hub_features: np.ndarray, batch_size: int,
                max_traces: int | None = None,
-               featurizer: features_lib.Featurizer | None = None):
-    """featurizer: needed by the summary and retrieval ablations (text encoder, row layout)."""
+               featurizer: features_lib.Featurizer | None = None, mesh=None):
+    """featurizer: needed by the summary and retrieval ablations (text encoder, row layout).
+    mesh: process-local devices (parallel.make_mesh(local=True)) the history refresh is sharded
+    over; None or one device: unsharded."""
     self.model, self.batch_size = model, batch_size
     self.hub_features = jnp.asarray(hub_features)
     A = hub_features.shape[0]
@@ -71,8 +75,15 @@ class PolicyRunner:
           jnp.ones(hubs.shape[0]), hubs, A + 1)[:A]
 
     # Two row entry points with one shape each: whole history (per bucket) and new-row chunks.
+    self.mesh = mesh if parallel.is_sharded(mesh) else None
+
     def rows_all(params, rows, hubs):
-      return rows_fn(params, rows, hubs)
+      if self.mesh is None:
+        return rows_fn(params, rows, hubs)
+      spec = P(parallel.DATA)
+      return jax.shard_map(lambda p, r, h: jax.lax.psum(rows_fn(p, r, h), parallel.DATA),
+                           mesh=self.mesh, in_specs=(P(), spec, spec), out_specs=(P(), P()))(
+                               params, rows, hubs)
 
     def rows_chunk(params, rows, hubs):
       return rows_fn(params, rows, hubs)
@@ -86,7 +97,12 @@ class PolicyRunner:
     self._rows_chunk = jax.jit(rows_chunk)
 
   def set_params(self, params, history: history_lib.HistoryMemory | None) -> None:
-    """New parameter version: recompute the history hub sums once."""
+    """New parameter version: recompute the history hub sums once.
+
+    params may be replicated over several devices (the learner's): decisions use one local copy.
+    """
+    full = params
+    params = parallel.local_copy(params)
     self.params = params
     self.hub_sum[:] = 0
     self.hub_count[:] = 0
@@ -100,6 +116,12 @@ class PolicyRunner:
       return
     if history is not None and len(history):
       rows, hubs = history.padded()
+      if self.mesh is not None:
+        rows, hubs = parallel.pad_rows(rows, hubs, self.mesh.size, self.num_hubs)
+        rows = parallel.put(rows, parallel.rows_sharding(self.mesh))
+        hubs = parallel.put(hubs, parallel.rows_sharding(self.mesh))
+        params = parallel.put_tree(full if parallel.is_local(full) else params,
+                                   parallel.replicated(self.mesh))
       s, c = self._rows_all(params, rows, hubs)
       self.hub_sum[:] = np.asarray(s)
       self.hub_count[:] = np.asarray(c)

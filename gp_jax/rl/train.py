@@ -27,14 +27,17 @@ from gp_jax.graph import garnet as garnet_lib
 from gp_jax.graph import history as history_lib
 from gp_jax.rl import checkpoint as checkpoint_lib
 from gp_jax.rl import gae as gae_lib
+from gp_jax.rl import parallel
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
 
 
-def batch_size_for(episodes_per_iter: int, max_calls: int, num_minibatches: int) -> int:
+def batch_size_for(episodes_per_iter: int, max_calls: int, num_minibatches: int,
+                   devices: int = 1) -> int:
   """Fixed padded transition count of every update: all the calls the episodes could make,
-  rounded up to a multiple of 8 per minibatch (one shape per run, so one compilation)."""
-  unit = 8 * num_minibatches
+  rounded up to a multiple of 8 per minibatch (one shape per run, so one compilation), and of the
+  device count per minibatch (minibatches are split across the mesh)."""
+  unit = math.lcm(8, devices) * num_minibatches
   return -(-episodes_per_iter * max_calls // unit) * unit
 
 
@@ -106,7 +109,7 @@ class MetricsLog:
 HISTORY_MODES = ("transductive", "inductive", "summary", "retrieval")
 SCHEDULES = ("constant", "linear")   # ppo.lr_schedule and ppo.entropy_schedule
 # Config fields a resumed training run may change (gp_jax/workdir_config.py).
-TRAIN_CONFIG_FREE = ("sweep", "study", "eval", "train.checkpoint_every")
+TRAIN_CONFIG_FREE = ("sweep", "study", "eval", "train.checkpoint_every", "parallel")
 
 
 def make_model(config, spec: features_lib.FeatureSpec | None = None) -> garnet_lib.GARNet:
@@ -202,18 +205,32 @@ def make_optimizer(config):
                             final_fraction=float(p.get("lr_final_fraction", 0.0)))
 
 
-def make_update(config, system: system_lib.System, model, optimizer, episodes: int):
-  """(jitted PPO update, padded batch size) for updates over `episodes` episodes of `system`."""
+def make_mesh(config, *, local: bool = False):
+  """The learner's device mesh of config.parallel.devices (0 or absent = all devices); local: this
+  process's devices only (the rollout's history refresh)."""
+  par = config.get("parallel") or {}
+  devices = int(par.get("devices", 0))
+  if devices < 0:
+    raise errors.ConfigError(f"config.parallel.devices must be >= 0 (0 = all), got {devices}")
+  return parallel.make_mesh(devices, local=local)
+
+
+def make_update(config, system: system_lib.System, model, optimizer, episodes: int, mesh=None):
+  """(jitted PPO update, padded batch size) for updates over `episodes` episodes of `system`.
+
+  mesh: the learner's device mesh (make_mesh); None = one device."""
   p = config.ppo
   roles = system.space.roles
   max_calls = system.mdp_cfg.max_calls(thinker=bool(roles.indices_of_kind("thinker")),
                                        verifier=bool(roles.indices_of_kind("verifier")))
-  batch_size = batch_size_for(episodes, max_calls, int(p.num_minibatches))
+  batch_size = batch_size_for(episodes, max_calls, int(p.num_minibatches),
+                              mesh.size if mesh is not None else 1)
   update = ppo.make_update_fn(model, optimizer, epochs=int(p.epochs), num_minibatches=int(p.num_minibatches),
                               clip_eps=p.clip_eps, value_coef=p.value_coef, entropy_coef=p.entropy_coef,
                               num_chunks=batch_size + 1,
                               entropy_decay_updates=_entropy_decay_updates(config),
-                              entropy_final_fraction=float(p.get("entropy_final_fraction", 0.0)))
+                              entropy_final_fraction=float(p.get("entropy_final_fraction", 0.0)),
+                              mesh=mesh)
   return update, batch_size
 
 
@@ -269,8 +286,9 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   p = config.ppo
   optimizer = make_optimizer(config)
   state = init_state(model, sysm.featurizer, optimizer, config.seed)
+  mesh = make_mesh(config)
   update, batch_size = make_update(config, sysm, model, optimizer,
-                                   int(config.train.episodes_per_iter))
+                                   int(config.train.episodes_per_iter), mesh)
   # The history memory grows in every mode but inductive; only transductive sums its rows.
   transductive = config.model.history == "transductive"
   memory = config.model.history != "inductive"
@@ -290,7 +308,7 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
             f"{len(history)} history rows)", file=sys.stderr)
   log = MetricsLog(workdir / "metrics.jsonl", meta["iteration"])
   runner = rollout.PolicyRunner(model, sysm.featurizer.hub_features, int(config.train.parallel),
-                                featurizer=sysm.featurizer)
+                                featurizer=sysm.featurizer, mesh=make_mesh(config, local=True))
   runner.set_params(state.params, history if memory else None)
   hub_features = jnp.asarray(sysm.featurizer.hub_features)
   n_iters = math.ceil(config.train.episodes / config.train.episodes_per_iter)
