@@ -13,8 +13,11 @@ SLURM, Open MPI, Cloud TPU); the mesh then spans every process's devices. Host d
 """
 from __future__ import annotations
 
+import pickle
+
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from jax.sharding import AxisType
 from jax.sharding import Mesh
 from jax.sharding import NamedSharding
@@ -38,6 +41,8 @@ def initialize(*, coordinator: str = "", num_processes: int = 0, process_id: int
                              f"got {process_id}")
   if jax.distributed.is_initialized():
     return
+  # CPU devices of several processes talk through gloo (GPUs/TPUs use their own collectives).
+  jax.config.update("jax_cpu_collectives_implementation", "gloo")
   kw = {}
   if coordinator:
     kw["coordinator_address"] = coordinator
@@ -119,3 +124,20 @@ def is_local(tree) -> bool:
   """Whether every array of `tree` lives on this process's devices only."""
   return all(not isinstance(x, jax.Array) or x.is_fully_addressable
              for x in jax.tree_util.tree_leaves(tree))
+
+
+def allgather_objects(obj) -> list:
+  """`obj` (picklable host data) of every process, in process order; [obj] for one process.
+
+  Every process must call it the same number of times (it is a collective). Pickled bytes travel
+  as uint8 arrays padded to a power of two, so few distinct shapes are compiled.
+  """
+  if jax.process_count() == 1:
+    return [obj]
+  data = np.frombuffer(pickle.dumps(obj), np.uint8)
+  sizes = np.asarray(multihost_utils.process_allgather(np.asarray([len(data)], np.int64)))
+  width = 1 << max(int(sizes.max()) - 1, 1).bit_length()
+  padded = np.zeros(width, np.uint8)
+  padded[:len(data)] = data
+  gathered = np.asarray(multihost_utils.process_allgather(padded))
+  return [pickle.loads(gathered[p, :int(sizes[p, 0])].tobytes()) for p in range(len(gathered))]

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+from typing import Callable
 
 import chex
 import jax
@@ -172,6 +173,23 @@ class Episode:
     return float(sum(self.rewards))
 
 
+@dataclasses.dataclass(frozen=True)
+class RolloutShard:
+  """This process's part of a multi-process rollout (gp_jax/rl/parallel.py).
+
+  Every process runs the episodes of its own queries (one contiguous slice of the iteration's),
+  in lock-step with the others: after each step the processes exchange the history rows of the
+  episodes that finished (added in process order, so every process holds the same history and
+  snapshots are global row counts) and how many episodes each has in flight. A process places its
+  observations at its offset in a batch of all processes' episodes (the runner's batch size), so
+  sampling draws the noise of the one-process batch: with every query in flight from the start
+  (train.parallel >= train.episodes_per_iter) the rollout is the one-process rollout.
+  """
+  index_offset: int                      # iteration-wide index of this process's first query
+  slots: int                             # this process's episodes in flight
+  allgather: Callable[[object], list]    # one host object from every process, in process order
+
+
 def episode_seed(*keys) -> int:
   return int.from_bytes(hashlib.blake2b(repr(keys).encode(), digest_size=4).digest(), "little")
 
@@ -179,7 +197,8 @@ def episode_seed(*keys) -> int:
 async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featurizer,
                        runner: PolicyRunner, queries: list[Query], *, key: jax.Array,
                        greedy: bool, history: history_lib.HistoryMemory | None,
-                       grow_history: bool, seed_salt, task_text=None) -> list[Episode]:
+                       grow_history: bool, seed_salt, task_text=None,
+                       shard: RolloutShard | None = None) -> list[Episode]:
   """Runs one episode per query, runner.batch_size at a time; returns them in query order.
 
   Args:
@@ -187,6 +206,8 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
     grow_history: add each finished episode's calls to `history` (training, transductive).
     seed_salt: mixed into each episode's LLM sampling seed.
     task_text: query -> text embedded as the task node (default: task description).
+    shard: several processes: this one's slice of the queries (RolloutShard); runner.batch_size
+      is then the episodes in flight over all processes.
   """
   task_text = task_text or (lambda q: env.describe(q)[0])
   encoder = featurizer.encoder
@@ -203,14 +224,25 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
       return
     i, q = pending.pop()
     t_emb, q_emb = encoder.encode([task_text(q), q.query])
-    slots[slot] = (i, Episode(q, env.reset(q), episode_seed(seed_salt, i, q.qid), t_emb, q_emb,
+    index = i + (shard.index_offset if shard is not None else 0)
+    slots[slot] = (i, Episode(q, env.reset(q), episode_seed(seed_salt, index, q.qid), t_emb, q_emb,
                               np.zeros((0, row_dim), np.float32)))
 
-  for s in range(runner.batch_size):
+  if shard is None:
+    n_slots = runner.batch_size
+  else:   # this process's share of the slots; the others' live counts give its batch offset
+    n_slots = min(shard.slots, len(queries))
+    slots = slots[:n_slots]
+  for s in range(n_slots):
     start(s)
+  in_flight = shard.allgather(sum(x is not None for x in slots)) if shard is not None else None
   step = 0
-  while any(slots):
+  while any(slots) or (shard is not None and any(in_flight)):
     live = [(s, slot) for s, slot in enumerate(slots) if slot is not None]
+    if not live:   # this process is done; it keeps exchanging rows with the others
+      step += 1
+      in_flight = _exchange(shard, [], [], 0, history, runner)
+      continue
     obs = [featurizer.observe(ep.state, ep.task_emb, ep.query_emb, ep.rows, env.mask(ep.state))
            for _, (_, ep) in live]
     if index is not None:   # the k history rows nearest to each query, stored in its observation
@@ -218,8 +250,10 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
         index.sync(history.rows, history.hubs)
       for o, extra in zip(obs, index.fields(np.stack([ep.query_emb for _, (_, ep) in live]))):
         o.update(extra)
-    batch = features_lib.stack(obs, pad_to=runner.batch_size)
+    offset = sum(in_flight[:jax.process_index()]) if shard is not None else 0
+    batch = features_lib.stack([obs[0]] * offset + obs, pad_to=runner.batch_size)
     actions, logp, values = runner.act(batch, jax.random.fold_in(key, step), greedy)
+    actions, logp, values = actions[offset:], logp[offset:], values[offset:]
     step += 1
     snap = history.snapshot() if history is not None else 0
     results = await asyncio.gather(*[
@@ -236,8 +270,25 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
           new_hubs.append(np.array([c.action for c in ep.state.calls], np.int32))
         done[i] = ep
         start(s)
-    if new_rows:   # episodes finished in this lock-step join the history for the next decisions
+    if shard is not None:
+      in_flight = _exchange(shard, new_rows, new_hubs, sum(x is not None for x in slots),
+                            history, runner)
+    elif new_rows:   # episodes finished in this lock-step join the history for the next decisions
       rows, hubs = np.concatenate(new_rows), np.concatenate(new_hubs)
       history.add(rows, hubs)
       runner.add_history(rows, hubs)
   return [done[i] for i in range(len(queries))]
+
+
+def _exchange(shard: RolloutShard, new_rows: list, new_hubs: list, live: int,
+              history: history_lib.HistoryMemory | None, runner: PolicyRunner) -> list[int]:
+  """One lock-step's exchange: every process's finished rows join the history in process order
+  (as one process adds them in slot order); returns each process's episodes in flight."""
+  parts = shard.allgather((new_rows, new_hubs, live))
+  rows = [r for part in parts for r in part[0]]
+  hubs = [h for part in parts for h in part[1]]
+  if rows and history is not None:
+    rows, hubs = np.concatenate(rows), np.concatenate(hubs)
+    history.add(rows, hubs)
+    runner.add_history(rows, hubs)
+  return [part[2] for part in parts]

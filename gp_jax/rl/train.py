@@ -243,6 +243,23 @@ def enable_compile_cache(path: str) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
+def init_distributed(config) -> None:
+  """Joins the multi-process job of config.parallel when parallel.distributed is set (before any
+  other JAX work; a no-op once joined or when the section is absent)."""
+  par = config.get("parallel")
+  if par is None or not par.get("distributed", False):
+    return
+  parallel.initialize(coordinator=str(par.get("coordinator", "")),
+                      num_processes=int(par.get("num_processes", 0)),
+                      process_id=int(par.get("process_id", -1)))
+
+
+def _shares(n: int, parts: int) -> list[tuple[int, int]]:
+  """Contiguous (start, stop) slices of n items over `parts` processes, sizes differing by <= 1."""
+  cuts = [n * p // parts for p in range(parts + 1)]
+  return list(zip(cuts[:-1], cuts[1:]))
+
+
 def _validate(config) -> None:
   t, p = config.train, config.ppo
   checks = [(t.episodes >= 1, "train.episodes >= 1"), (t.episodes_per_iter >= 1, "train.episodes_per_iter >= 1"),
@@ -275,6 +292,11 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   """Trains a router; returns a summary. Resumes from the latest checkpoint in workdir."""
   _validate(config)
   make_model(config)   # config errors before anything is built
+  init_distributed(config)
+  # Several processes: each runs its share of the rollouts; the learner is one SPMD program;
+  # only process 0 writes metrics and prints (checkpoints are written by all, as orbax needs).
+  procs, rank = jax.process_count(), jax.process_index()
+  verbose = verbose and rank == 0
   enable_compile_cache(config.get("compile_cache", ""))
   workdir = pathlib.Path(workdir)
   # A resumed run must use the config its checkpoints were made with (the sweep's and studies'
@@ -306,8 +328,9 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
     if verbose:
       print(f"resumed from iteration {meta['iteration']} ({meta['episodes']} episodes, "
             f"{len(history)} history rows)", file=sys.stderr)
-  log = MetricsLog(workdir / "metrics.jsonl", meta["iteration"])
-  runner = rollout.PolicyRunner(model, sysm.featurizer.hub_features, int(config.train.parallel),
+  log = MetricsLog(workdir / "metrics.jsonl", meta["iteration"]) if rank == 0 else None
+  slots = -(-int(config.train.parallel) // procs)   # episodes in flight per process
+  runner = rollout.PolicyRunner(model, sysm.featurizer.hub_features, slots * procs,
                                 featurizer=sysm.featurizer, mesh=make_mesh(config, local=True))
   runner.set_params(state.params, history if memory else None)
   hub_features = jnp.asarray(sysm.featurizer.hub_features)
@@ -320,11 +343,19 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
     start = it * config.train.episodes_per_iter
     batch_q = [queries[i] for i in _query_order(len(queries), config.seed, start,
                                                  config.train.episodes_per_iter)]
+    shard = None
+    if procs > 1:
+      lo, hi = _shares(len(batch_q), procs)[rank]
+      batch_q = batch_q[lo:hi]
+      shard = rollout.RolloutShard(index_offset=lo, slots=slots,
+                                   allgather=parallel.allgather_objects)
     t_roll = time.time()
     episodes = aio.run(rollout.run_episodes(
         env, sysm.featurizer, runner, batch_q, key=jax.random.fold_in(jax.random.PRNGKey(config.seed + 1), it),
         greedy=False, history=history if memory else None, grow_history=memory,
-        seed_salt=(config.seed, it)))
+        seed_salt=(config.seed, it), shard=shard))
+    if procs > 1:   # every process builds the same batch from all the episodes, in query order
+      episodes = [e for part in parallel.allgather_objects(episodes) for e in part]
     t_upd = time.time()
     batch, hist_inputs = build_batch(episodes, history if transductive else None,
                                      gamma=p.gamma, gae_lambda=p.gae_lambda, batch_size=batch_size,
@@ -349,7 +380,8 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
     # Backend counters (calls, failures by kind, retries...) of real pools, cumulative.
     rec.update({f"pool/{k}": v for k, v in sysm.pool.stats().items()
                 if isinstance(v, (int, float))})
-    log.write(rec)
+    if log is not None:
+      log.write(rec)
     if verbose:
       _progress(it, n_iters, rec, t0)
     is_best = meta["running_reward"] > meta["best_running"]
