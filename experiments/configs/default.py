@@ -85,6 +85,9 @@ def get_config() -> ml_collections.ConfigDict:
                                    # (E[U | calls], simulator only: less noise), "auto" = expected
                                    # on the simulator, sampled otherwise
   c.train.checkpoint_every = 5     # iterations between 'latest' checkpoints
+  c.train.padding = "fixed"        # transitions per update: "fixed" (every call the episodes
+                                   # could make) or "buckets" (sizes <= 4/3 apart: <= 25% padding,
+                                   # one compilation per size met; docs/scaling.md)
 
   c.parallel = ml_collections.ConfigDict()   # docs/scaling.md
   c.parallel.devices = 0           # learner mesh size: 0 = all devices (of all processes)

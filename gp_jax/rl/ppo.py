@@ -159,13 +159,16 @@ def entropy_coefficient(step, coef: float, decay_updates: int, final_fraction: f
 
 def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransformation, *,
                    epochs: int, num_minibatches: int, clip_eps: float, value_coef: float,
-                   entropy_coef: float, num_chunks: int, max_traces: int | None = None,
+                   entropy_coef: float, num_chunks: int | None = None,
+                   max_traces: int | None = None,
                    entropy_decay_updates: int = 0, entropy_final_fraction: float = 1.0,
                    mesh=None):
   """Returns update(state, hub_features, hist, batch) -> (state, metrics), jitted once per shape.
 
   batch: dict of arrays with leading dim N (a multiple of num_minibatches): obs (dict), actions,
   old_logp, advantages, returns, weights, hist_chunk [N], hist_count [N, A].
+  num_chunks: the chunk budget of the history inputs; None = N + 1 (each padded batch size N
+  compiles once, so one function serves several padding buckets).
   hist: rows [H, F], segment [H] from HistoryMemory.update_inputs(..., num_chunks); in the
   summary ablation also summary [A, D] (PolicyRunner.history_input_array of the iteration).
   entropy_decay_updates > 0: update k (state.update_step) uses the entropy coefficient
@@ -179,8 +182,11 @@ def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransforma
   sharded = parallel.is_sharded(mesh)
   loss_kw = dict(clip_eps=clip_eps, value_coef=value_coef)
 
-  def loss_fn(params, hub_features, hist, mb, ent_coef):
-    logits, values = forward_batch(model, params, hub_features, hist, mb, num_chunks, mesh)
+  def chunks_of(batch) -> int:
+    return num_chunks or batch["actions"].shape[0] + 1
+
+  def loss_fn(params, hub_features, hist, mb, ent_coef, chunks):
+    logits, values = forward_batch(model, params, hub_features, hist, mb, chunks, mesh)
     w = mb["weights"]
     adv = mb["advantages"]
     return ppo_loss(logits, values, mb["actions"], mb["old_logp"], adv, mb["returns"],
@@ -188,6 +194,7 @@ def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransforma
 
   def update(state: TrainingState, hub_features, hist, batch):
     n = batch["actions"].shape[0]
+    chunks = chunks_of(batch)
     mb_size = n // num_minibatches
     # Advantage normalisation over the real transitions of the whole batch.
     w = batch["weights"]
@@ -208,7 +215,7 @@ def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransforma
       def minibatch(carry, mb):
         params, opt_state = carry
         (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, hub_features, hist, mb,
-                                                                   ent_coef)
+                                                                   ent_coef, chunks)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         metrics["grad_norm"] = optax.global_norm(grads)
@@ -236,10 +243,15 @@ def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransforma
   def place_and_update(state, hub_features, hist, batch):
     if "segment" in hist and not isinstance(hist["segment"], jax.Array):
       rows_, segment = parallel.pad_rows(hist["rows"], hist["segment"], mesh.size,
-                                         num_chunks * batch["hist_count"].shape[-1])
+                                         chunks_of(batch) * batch["hist_count"].shape[-1])
       hist = dict(hist, rows=rows_, segment=segment)
     hist = {k: parallel.put(v, rows if k in ("rows", "segment") else rep) for k, v in hist.items()}
     return jitted(parallel.put_tree(state, rep), parallel.put(hub_features, rep), hist,
                   parallel.put_tree(batch, rows))
-  place_and_update.jitted = jitted   # compile counts (jitted._cache_size())
+  place_and_update.jitted = jitted
   return place_and_update
+
+
+def compile_count(update) -> int:
+  """Programs compiled so far by an update of make_update_fn (one per input shape)."""
+  return getattr(update, "jitted", update)._cache_size()

@@ -41,6 +41,29 @@ def batch_size_for(episodes_per_iter: int, max_calls: int, num_minibatches: int,
   return -(-episodes_per_iter * max_calls // unit) * unit
 
 
+PADDINGS = ("fixed", "buckets")   # train.padding
+MAX_WASTE = 0.25   # buckets: largest padded share of a batch (beyond the smallest sizes)
+
+
+def padding_buckets(max_size: int, unit: int) -> list[int]:
+  """Padded batch sizes (multiples of `unit`, the last one `max_size`) such that a batch of n
+  transitions, padded to the smallest size >= n, wastes at most MAX_WASTE of it once n > 3 units
+  (below that, at most one unit): each size is at most 4/3 of the one before."""
+  sizes = [unit]
+  while sizes[-1] < max_size:
+    grow = int(sizes[-1] / (1 - MAX_WASTE)) // unit * unit
+    sizes.append(min(max(grow, sizes[-1] + unit), max_size))
+  return sizes
+
+
+def padded_size(n: int, sizes: list[int]) -> int:
+  """The smallest of `sizes` that holds n transitions."""
+  for size in sizes:
+    if size >= n:
+      return size
+  raise ValueError(f"{n} transitions exceed the batch size {sizes[-1]}")
+
+
 _gae = jax.jit(gae_lib.batched_gae)
 
 
@@ -225,9 +248,10 @@ def make_update(config, system: system_lib.System, model, optimizer, episodes: i
                                        verifier=bool(roles.indices_of_kind("verifier")))
   batch_size = batch_size_for(episodes, max_calls, int(p.num_minibatches),
                               mesh.size if mesh is not None else 1)
+  # num_chunks follows the padded size (batch_size + 1 with fixed padding; per bucket otherwise).
   update = ppo.make_update_fn(model, optimizer, epochs=int(p.epochs), num_minibatches=int(p.num_minibatches),
                               clip_eps=p.clip_eps, value_coef=p.value_coef, entropy_coef=p.entropy_coef,
-                              num_chunks=batch_size + 1,
+                              num_chunks=None,
                               entropy_decay_updates=_entropy_decay_updates(config),
                               entropy_final_fraction=float(p.get("entropy_final_fraction", 0.0)),
                               mesh=mesh)
@@ -270,7 +294,8 @@ def _validate(config) -> None:
             (0 <= p.get("lr_final_fraction", 0.0) <= 1, "0 <= ppo.lr_final_fraction <= 1"),
             (0 <= p.get("entropy_final_fraction", 0.0) <= 1, "0 <= ppo.entropy_final_fraction <= 1"),
             (config.model.history_capacity >= 0, "model.history_capacity >= 0"),
-            (t.checkpoint_every >= 1, "train.checkpoint_every >= 1")]
+            (t.checkpoint_every >= 1, "train.checkpoint_every >= 1"),
+            (t.get("padding", "fixed") in PADDINGS, f"train.padding in {PADDINGS}")]
   for ok, what in checks:
     if not ok:
       raise errors.ConfigError(f"invalid config: need {what}")
@@ -297,6 +322,7 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   # only process 0 writes metrics and prints (checkpoints are written by all, as orbax needs).
   procs, rank = jax.process_count(), jax.process_index()
   verbose = verbose and rank == 0
+  mesh = make_mesh(config)   # too many devices asked: error before the workdir is touched
   enable_compile_cache(config.get("compile_cache", ""))
   workdir = pathlib.Path(workdir)
   # A resumed run must use the config its checkpoints were made with (the sweep's and studies'
@@ -308,10 +334,12 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   p = config.ppo
   optimizer = make_optimizer(config)
   state = init_state(model, sysm.featurizer, optimizer, config.seed)
-  mesh = make_mesh(config)
   update, batch_size = make_update(config, sysm, model, optimizer,
                                    int(config.train.episodes_per_iter), mesh)
   # The history memory grows in every mode but inductive; only transductive sums its rows.
+  buckets = None   # fixed padding: every batch is batch_size transitions
+  if config.train.get("padding", "fixed") == "buckets":
+    buckets = padding_buckets(batch_size, batch_size_for(1, 1, int(p.num_minibatches), mesh.size))
   transductive = config.model.history == "transductive"
   memory = config.model.history != "inductive"
   summary = config.model.history == "summary"
@@ -357,8 +385,10 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
     if procs > 1:   # every process builds the same batch from all the episodes, in query order
       episodes = [e for part in parallel.allgather_objects(episodes) for e in part]
     t_upd = time.time()
+    size = batch_size if buckets is None else padded_size(
+        sum(len(e.rewards) for e in episodes), buckets)
     batch, hist_inputs = build_batch(episodes, history if transductive else None,
-                                     gamma=p.gamma, gae_lambda=p.gae_lambda, batch_size=batch_size,
+                                     gamma=p.gamma, gae_lambda=p.gae_lambda, batch_size=size,
                                      num_hubs=sysm.space.size)
     if summary:   # the summary every decision of this iteration read
       hist_inputs["summary"] = runner.history_input_array()
@@ -376,7 +406,8 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
                calls=float(np.mean([len(e.state.calls) for e in episodes])),
                failed_calls=int(sum(c.error is not None for e in episodes for c in e.state.calls)),
                transitions=int(sum(len(e.rewards) for e in episodes)), history_rows=len(history),
-               rollout_s=t_upd - t_roll, update_s=time.time() - t_upd, **m)
+               rollout_s=t_upd - t_roll, update_s=time.time() - t_upd,
+               padded_transitions=size, update_compiles=ppo.compile_count(update), **m)
     # Backend counters (calls, failures by kind, retries...) of real pools, cumulative.
     rec.update({f"pool/{k}": v for k, v in sysm.pool.stats().items()
                 if isinstance(v, (int, float))})
