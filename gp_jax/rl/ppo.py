@@ -27,6 +27,9 @@ from gp_jax.graph import garnet as garnet_lib
 from gp_jax.rl import parallel
 
 VALUE_MODULES = ("value_row", "value_hub", "value_mlp", "value_shared")
+# History rows one device encodes at once in the update; more go block by block (bounded memory;
+# the sums are then added in another order, so results differ in the last bits from one pass).
+ROW_BLOCK = 1 << 18
 
 
 @flax.struct.dataclass
@@ -101,14 +104,36 @@ def history_chunk_sums(model: garnet_lib.GARNet, params, hist: dict, num_chunks:
 
   mesh: several devices: hist rows/segment are sharded along parallel.DATA; each device encodes
   and sums its rows, a psum joins the per-(chunk, hub) sums (the prefix sums then run replicated).
+  A device holding more than ROW_BLOCK rows encodes them in blocks (rematerialised).
   Returns [num_chunks, A, d]: entry j = per-hub sums of the rows a transition with chunk index j
   saw (gp_jax/graph/history.py, update_inputs).
   """
   A = num_hubs
 
-  def encode(params, rows, segment):
+  S = num_chunks * A + 1
+
+  def encode_block(params, rows, segment):
     h = model.apply({"params": params}, rows, method=model.history_rows)
-    return jax.ops.segment_sum(h, segment, num_chunks * A + 1)
+    return jax.ops.segment_sum(h, segment, S)
+
+  def encode(params, rows, segment):
+    n = rows.shape[0]
+    if n <= ROW_BLOCK:
+      return encode_block(params, rows, segment)
+    # Block by block, each block's activations recomputed in the backward pass: memory for
+    # ROW_BLOCK rows, not all of them. The last block starts early (n need not divide) and sends
+    # the rows an earlier block already summed to the dropped segment S - 1.
+    # The slicing sits inside the checkpoint, so the backward pass keeps only the block index per
+    # block (not a stacked copy of the sliced rows).
+    @jax.checkpoint
+    def block(params, rows, segment, i):
+      start = jnp.minimum(i * ROW_BLOCK, n - ROW_BLOCK)
+      r = jax.lax.dynamic_slice_in_dim(rows, start, ROW_BLOCK)
+      seg = jax.lax.dynamic_slice_in_dim(segment, start, ROW_BLOCK)
+      seg = jnp.where(start + jnp.arange(ROW_BLOCK) >= i * ROW_BLOCK, seg, S - 1)
+      return encode_block(params, r, seg)
+    return jax.lax.map(lambda i: block(params, rows, segment, i),
+                       jnp.arange(-(-n // ROW_BLOCK))).sum(0)
 
   if parallel.is_sharded(mesh):
     spec = P(parallel.DATA)
