@@ -126,6 +126,12 @@ def is_local(tree) -> bool:
              for x in jax.tree_util.tree_leaves(tree))
 
 
+def barrier(name: str) -> None:
+  """Waits until every process gets here (nothing to do for one process)."""
+  if jax.process_count() > 1:
+    multihost_utils.sync_global_devices(name)
+
+
 def allgather_objects(obj) -> list:
   """`obj` (picklable host data) of every process, in process order; [obj] for one process.
 

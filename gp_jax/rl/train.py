@@ -327,7 +327,11 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   workdir = pathlib.Path(workdir)
   # A resumed run must use the config its checkpoints were made with (the sweep's and studies'
   # sections, evaluation switches and checkpoint spacing do not change what is trained).
-  workdir_config.check_or_record(workdir, config, ignore=TRAIN_CONFIG_FREE, what="training run")
+  if rank == 0:   # several processes: process 0 records, the others then only compare
+    workdir_config.check_or_record(workdir, config, ignore=TRAIN_CONFIG_FREE, what="training run")
+  parallel.barrier("workdir config")
+  if rank != 0:
+    workdir_config.check_or_record(workdir, config, ignore=TRAIN_CONFIG_FREE, what="training run")
   sysm = system or system_lib.build(config)
   env = sysm.env(float(config.alpha), reward=config.train.get("reward", "sampled"))
   model = make_model(config, sysm.featurizer.spec)
