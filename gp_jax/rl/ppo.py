@@ -29,7 +29,7 @@ from gp_jax.rl import parallel
 VALUE_MODULES = ("value_row", "value_hub", "value_mlp", "value_shared")
 # History rows one device encodes at once in the update; more go block by block (bounded memory;
 # the sums are then added in another order, so results differ in the last bits from one pass).
-ROW_BLOCK = 1 << 18
+ROW_BLOCK = 1 << 19
 
 
 @flax.struct.dataclass
