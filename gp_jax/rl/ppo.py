@@ -27,8 +27,8 @@ from gp_jax.graph import garnet as garnet_lib
 from gp_jax.rl import parallel
 
 VALUE_MODULES = ("value_row", "value_hub", "value_mlp", "value_shared")
-# History rows one device encodes at once in the update; more go block by block (bounded memory;
-# the sums are then added in another order, so results differ in the last bits from one pass).
+# History rows one device encodes at once in the update when it holds more than twice as many
+# (bounded memory; the sums are then added in another order: last-bit differences from one pass).
 ROW_BLOCK = 1 << 19
 
 
@@ -104,7 +104,7 @@ def history_chunk_sums(model: garnet_lib.GARNet, params, hist: dict, num_chunks:
 
   mesh: several devices: hist rows/segment are sharded along parallel.DATA; each device encodes
   and sums its rows, a psum joins the per-(chunk, hub) sums (the prefix sums then run replicated).
-  A device holding more than ROW_BLOCK rows encodes them in blocks (rematerialised).
+  A device holding more than 2 x ROW_BLOCK rows encodes them in blocks (rematerialised).
   Returns [num_chunks, A, d]: entry j = per-hub sums of the rows a transition with chunk index j
   saw (gp_jax/graph/history.py, update_inputs).
   """
@@ -118,7 +118,7 @@ def history_chunk_sums(model: garnet_lib.GARNet, params, hist: dict, num_chunks:
 
   def encode(params, rows, segment):
     n = rows.shape[0]
-    if n <= ROW_BLOCK:
+    if n <= 2 * ROW_BLOCK:   # two blocks would save little memory and cost the recompute
       return encode_block(params, rows, segment)
     # Block by block, each block's activations recomputed in the backward pass: memory for
     # ROW_BLOCK rows, not all of them. The last block starts early (n need not divide) and sends

@@ -1,4 +1,4 @@
-"""The update's history encode in blocks (more than ppo.ROW_BLOCK rows on a device) gives the
+"""The update's history encode in blocks (more than 2 x ppo.ROW_BLOCK rows on a device) gives the
 one-pass sums and gradients (float32 summation order aside: rtol 1e-5)."""
 import jax
 import jax.numpy as jnp
