@@ -17,7 +17,8 @@ Per history size, minimum and median over --repeats timed calls (after one warm-
   update_train: the real training layout of the default config, --train_transitions real
     transitions padded to --train_padded slots in 4 epochs x 4 minibatches (16 encodes), up to
     --train_layout_max_rows rows (it is 4x the encodes of update32).
-Memory: per device, from XLA's analysis of the compiled sharded update (arguments + outputs +
+compiles: programs compiled so far by update32 / update_train / the refresh (cumulative over the
+sizes: each history bucket compiles once). Memory: per device, from XLA's analysis of the compiled sharded update (arguments + outputs +
 temporaries, minus donated aliases), and the process's peak RSS (all forced CPU devices share it).
 --compile_only lowers and compiles the update on abstract inputs (no history array is allocated),
 to size runs that do not fit this machine.
