@@ -1,14 +1,30 @@
-"""GARNet speed and memory: decision latency and PPO update time vs history size.
+"""GARNet speed and memory: decision latency and PPO update time vs history size, on a device mesh.
 
   python benchmarks/bench_garnet.py [--sizes=1000,10000,100000] [--mem_proj=128]
+  XLA_FLAGS=--xla_force_host_platform_device_count=4 python benchmarks/bench_garnet.py \
+      --sizes=1000000 --devices=4 --skip_decisions      # the update on 4 (forced CPU) devices
+  python benchmarks/bench_garnet.py --sizes=10000000 --compile_only   # memory without running
 
-Prints, per history size: policy decision latency (one observation; and per observation in a
-batch of 64), the time to refresh the history hub sums after an update, the 32-transition PPO
-update time (4 epochs x 1 minibatch, history encoded once per minibatch), peak RSS, and how many
-times each jitted function was compiled. Decisions read incrementally kept per-hub sums, so their
-cost does not grow with the history.
+Per history size, minimum and median over --repeats timed calls (after one warm-up call):
+  decide1 / decide64: one policy decision (one observation; per observation in a batch of 64);
+  refresh: the history hub sums recomputed after an update (sharded over the mesh like the
+    learner's encode);
+  like-for-like: decide64 per observation + refresh / --decisions_per_update, what one decision
+    costs counting its share of the refresh (decisions read incrementally kept sums, so decide
+    alone does not grow with the history; the refresh does);
+  update32: the PPO update of 32 transitions, 4 epochs x 1 minibatch (the history encoded once per
+    minibatch: 4 encodes);
+  update_train: the real training layout of the default config, --train_transitions real
+    transitions padded to --train_padded slots in 4 epochs x 4 minibatches (16 encodes), up to
+    --train_layout_max_rows rows (it is 4x the encodes of update32).
+compiles: programs compiled so far by update32 / update_train / the refresh (cumulative over the
+sizes: each history bucket compiles once). Memory: per device, from XLA's analysis of the compiled sharded update (arguments + outputs +
+temporaries, minus donated aliases), and the process's peak RSS (all forced CPU devices share it).
+--compile_only lowers and compiles the update on abstract inputs (no history array is allocated),
+to size runs that do not fit this machine.
 """
 import resource
+import statistics
 import sys
 import time
 
@@ -21,13 +37,25 @@ import numpy as np
 from experiments.configs import default
 from gp_jax import system as system_lib
 from gp_jax.graph import history as history_lib
+from gp_jax.rl import parallel
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
 from gp_jax.rl import train as train_lib
 
 _SIZES = flags.DEFINE_list("sizes", ["1000", "10000", "100000"], "History sizes (rows).")
 _PROJ = flags.DEFINE_integer("mem_proj", 128, "Memory-row text projection (0 = none).")
-_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats (the minimum is printed).")
+_REPEATS = flags.DEFINE_integer("repeats", 5, "Timed repeats (minimum and median printed).")
+_DEVICES = flags.DEFINE_integer("devices", 0, "Mesh size (0 = all devices).")
+_DECISIONS = flags.DEFINE_integer("decisions_per_update", 220,
+                                  "Decisions per PPO update (default config: ~220 transitions).")
+_TRAIN_N = flags.DEFINE_integer("train_transitions", 220, "Real transitions of update_train.")
+_TRAIN_PAD = flags.DEFINE_integer("train_padded", 640,
+                                  "Padded slots of update_train (640 fixed padding; 256 bucket).")
+_TRAIN_MAX = flags.DEFINE_integer("train_layout_max_rows", 100_000,
+                                  "Largest history timed with the training layout.")
+_SKIP_DECIDE = flags.DEFINE_bool("skip_decisions", False, "Time only the updates.")
+_COMPILE_ONLY = flags.DEFINE_bool("compile_only", False,
+                                  "Only compile the update32 on abstract inputs; print memory.")
 
 
 def rss_gib() -> float:
@@ -35,13 +63,28 @@ def rss_gib() -> float:
 
 
 def timed(fn, repeats):
-  fn()   # warm-up / compile
+  """(minimum, median) seconds of `repeats` calls after one warm-up call."""
+  fn()
   ts = []
   for _ in range(repeats):
     t = time.perf_counter()
     fn()
     ts.append(time.perf_counter() - t)
-  return min(ts)
+  return min(ts), statistics.median(ts)
+
+
+def device_gib(compiled) -> float:
+  """Per-device bytes of a compiled program (XLA's memory analysis), GiB."""
+  m = compiled.memory_analysis()
+  if m is None:
+    return float("nan")
+  total = (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+           - m.alias_size_in_bytes)
+  return total / 2 ** 30
+
+
+def fmt(pair, scale=1.0, digits=3):
+  return f"{pair[0] * scale:.{digits}f}/{pair[1] * scale:.{digits}f}"
 
 
 def main(argv):
@@ -55,16 +98,20 @@ def main(argv):
   model = train_lib.make_model(c)
   opt = ppo.make_optimizer(learning_rate=3e-4, value_lr_multiplier=2.0, max_grad_norm=0.5)
   state0 = train_lib.init_state(model, sysm.featurizer, opt, 0)
-  traces = {"act": 0, "update": 0}
+  mesh = parallel.make_mesh(_DEVICES.value)
+  local_mesh = parallel.make_mesh(_DEVICES.value, local=True)
   T = 32
-  upd = ppo.make_update_fn(model, opt, epochs=4, num_minibatches=1, clip_eps=0.2, value_coef=0.5,
-                           entropy_coef=0.01, num_chunks=T + 1)
+  kw = dict(clip_eps=0.2, value_coef=0.5, entropy_coef=0.01)
+  upd = ppo.make_update_fn(model, opt, epochs=4, num_minibatches=1, mesh=mesh, **kw)
+  upd_train = ppo.make_update_fn(model, opt, epochs=4, num_minibatches=4, mesh=mesh, **kw)
   hub = jnp.asarray(sysm.featurizer.hub_features)
   rng = np.random.default_rng(0)
   print(f"A={A} actions, row width F={spec.row_dim} (mem_proj={_PROJ.value}), hidden={c.model.hidden}, "
-        f"devices={jax.devices()}")
-  print(f"{'rows':>8} {'bucket':>8} {'decide1 ms':>10} {'decide64 ms/obs':>15} {'refresh s':>9} "
-        f"{'update32 s':>10} {'peak GiB':>8} {'compiles act/rows/update':>24}")
+        f"mesh of {mesh.size} {jax.devices()[0].platform} devices; times in s (ms where marked), "
+        f"min/median of {_REPEATS.value}")
+  print(f"{'rows':>9} {'bucket':>9} {'decide1 ms':>13} {'decide64 ms/obs':>15} {'refresh':>13} "
+        f"{'like-for-like ms':>16} {'update32':>13} {'update_train':>13} {'GiB/dev':>7} "
+        f"{'peak RSS':>8} {'compiles':>9}")
 
   def obs_batch(T):
     return dict(task=rng.normal(size=(T, spec.text_dim)).astype(np.float32),
@@ -74,35 +121,87 @@ def main(argv):
                 row_hub=rng.integers(0, A, (T, spec.max_rows)).astype(np.int32),
                 row_valid=np.ones((T, spec.max_rows), bool), mask=np.ones((T, A), bool))
 
+  def make_batch(N, real, num_chunks, n, hist):
+    """N slots (real of them transitions) reading snapshots of an n-row history."""
+    inputs = hist.update_inputs(np.sort(rng.integers(0, n + 1, real)), num_chunks=num_chunks)
+    chunk, count = inputs.pop("chunk"), inputs.pop("count")
+    pad = lambda x: np.concatenate([x, np.zeros((N - real,) + x.shape[1:], x.dtype)])
+    batch = dict(obs=obs_batch(N), actions=rng.integers(0, A, N).astype(np.int32),
+                 old_logp=np.full(N, -3.0, np.float32),
+                 advantages=rng.normal(size=N).astype(np.float32),
+                 returns=rng.normal(size=N).astype(np.float32),
+                 weights=pad(np.ones(real, np.float32)), hist_chunk=pad(chunk),
+                 hist_count=pad(count))
+    return inputs, batch
+
+  def time_update(fn, inputs, batch):
+    holder = [jax.tree_util.tree_map(jnp.array, state0)]
+
+    def one():
+      holder[0], m = fn(holder[0], hub, inputs, batch)
+      jax.block_until_ready(m)
+    return timed(one, _REPEATS.value)
+
   for n in [int(s) for s in _SIZES.value]:
+    if _COMPILE_ONLY.value:
+      H = history_lib.bucket(n, n)
+      empty = history_lib.HistoryMemory(spec.row_dim, A, capacity=0)
+      batch = make_batch(T, T, T + 1, 0, empty)[1]
+      hist = dict(rows=jax.ShapeDtypeStruct((H, spec.row_dim), jnp.float32),
+                  segment=jax.ShapeDtypeStruct((H,), jnp.int32))
+      t = time.perf_counter()
+      mem = update_gib(upd, mesh, state0, hub, hist, batch)
+      print(f"{n:>9} {H:>9} update32 compiled in {time.perf_counter() - t:.1f}s: {mem:.2f} GiB "
+            f"per device (XLA memory analysis, {mesh.size} devices)")
+      continue
     hist = history_lib.HistoryMemory(spec.row_dim, A, capacity=n)
     hist.add(rng.normal(size=(n, spec.row_dim)).astype(np.float32), rng.integers(0, A, n))
-    r1 = rollout.PolicyRunner(model, sysm.featurizer.hub_features, 1)
-    r64 = rollout.PolicyRunner(model, sysm.featurizer.hub_features, 64)
-    refresh = timed(lambda: r1.set_params(state0.params, hist), 1)
-    r64.set_params(state0.params, hist)
-    o1, o64 = obs_batch(1), obs_batch(64)
-    key = jax.random.PRNGKey(0)
-    d1 = timed(lambda: r1.act(o1, key, False), _REPEATS.value * 20)
-    d64 = timed(lambda: r64.act(o64, key, False), _REPEATS.value)
-    inputs = hist.update_inputs(np.sort(rng.integers(0, n + 1, T)), num_chunks=T + 1)
-    chunk, count = inputs.pop("chunk"), inputs.pop("count")
-    batch = dict(obs=obs_batch(T), actions=rng.integers(0, A, T).astype(np.int32),
-                 old_logp=np.full(T, -3.0, np.float32), advantages=rng.normal(size=T).astype(np.float32),
-                 returns=rng.normal(size=T).astype(np.float32), weights=np.ones(T, np.float32),
-                 hist_chunk=chunk, hist_count=count)
-    st = jax.tree_util.tree_map(jnp.array, state0)
-    holder = [st]
-
-    def one_update():
-      holder[0], m = upd(holder[0], hub, inputs, batch)
-      jax.block_until_ready(m)
-    u = timed(one_update, _REPEATS.value)
-    compiles = (r1._act._cache_size() + r64._act._cache_size(),
-                r1._rows_all._cache_size() + r64._rows_all._cache_size(), upd._cache_size())
-    print(f"{n:>8} {hist.padded()[0].shape[0]:>8} {d1 * 1e3:>10.3f} {d64 * 1e3 / 64:>15.4f} "
-          f"{refresh:>9.3f} {u:>10.3f} {rss_gib():>8.2f} {str(compiles):>24}")
+    d1 = d64 = refresh = (float("nan"),) * 2
+    r1 = r64 = None
+    if not _SKIP_DECIDE.value:
+      r1 = rollout.PolicyRunner(model, sysm.featurizer.hub_features, 1, mesh=local_mesh)
+      r64 = rollout.PolicyRunner(model, sysm.featurizer.hub_features, 64, mesh=local_mesh)
+      refresh = timed(lambda: r1.set_params(state0.params, hist), max(1, _REPEATS.value // 2))
+      r64.set_params(state0.params, hist)
+      o1, o64 = obs_batch(1), obs_batch(64)
+      key = jax.random.PRNGKey(0)
+      d1 = timed(lambda: r1.act(o1, key, False), _REPEATS.value * 20)
+      d64 = timed(lambda: r64.act(o64, key, False), _REPEATS.value)
+    like = tuple(d / 64 + r / _DECISIONS.value for d, r in zip(d64, refresh))
+    inputs, batch = make_batch(T, T, T + 1, n, hist)
+    u = time_update(upd, inputs, batch)
+    mem = update_gib(upd, mesh, state0, hub, inputs, batch)
+    ut = (float("nan"),) * 2
+    if n <= _TRAIN_MAX.value:
+      N = _TRAIN_PAD.value
+      inputs_t, batch_t = make_batch(N, min(_TRAIN_N.value, N), N + 1, n, hist)
+      ut = time_update(upd_train, inputs_t, batch_t)
+    compiles = (ppo.compile_count(upd), ppo.compile_count(upd_train),
+                0 if r1 is None else r1._rows_all._cache_size() + r64._rows_all._cache_size())
+    print(f"{n:>9} {hist.padded()[0].shape[0]:>9} {fmt(d1, 1e3):>13} {fmt(d64, 1e3 / 64, 4):>15} "
+          f"{fmt(refresh):>13} {fmt(like, 1e3, 4):>16} {fmt(u):>13} {fmt(ut):>13} {mem:>7.2f} "
+          f"{rss_gib():>8.2f} {str(compiles):>9}")
     sys.stdout.flush()
+
+
+def update_gib(update, mesh, state, hub, hist, batch) -> float:
+  """Per-device GiB of the update compiled for these shapes (abstract: nothing is allocated),
+  with the shardings the sharded update gives its inputs (history rows padded like it pads)."""
+  sharded = parallel.is_sharded(mesh)
+  rows_s = parallel.rows_sharding(mesh) if sharded else None
+  rep = parallel.replicated(mesh) if sharded else None
+
+  def spec(x, sharding):
+    return jax.ShapeDtypeStruct(np.shape(x), x.dtype, sharding=sharding)
+  hist = dict(hist)
+  if sharded:
+    H = hist["rows"].shape[0] + (-hist["rows"].shape[0] % mesh.size)
+    hist = dict(rows=jax.ShapeDtypeStruct((H, hist["rows"].shape[1]), jnp.float32),
+                segment=jax.ShapeDtypeStruct((H,), jnp.int32))
+  args = (jax.tree_util.tree_map(lambda x: spec(jnp.asarray(x), rep), state), spec(hub, rep),
+          {k: spec(v, rows_s) for k, v in hist.items()},
+          jax.tree_util.tree_map(lambda x: spec(x, rows_s), batch))
+  return device_gib(getattr(update, "jitted", update).lower(*args).compile())
 
 
 if __name__ == "__main__":

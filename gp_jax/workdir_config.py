@@ -21,8 +21,10 @@ from gp_jax import errors
 from gp_jax import files
 
 CONFIG_FILE = "config.json"
-# Never compared: where caches and servers are, how long to wait, whether replies are replayed.
-RUNTIME_FIELDS = ("compile_cache", "request_timeout_s", "endpoints_file", "replay", "text.cache")
+# Never compared: where caches and servers are, how long to wait, whether replies are replayed,
+# which devices and processes run the learner (docs/scaling.md: same numbers up to float rounding).
+RUNTIME_FIELDS = ("compile_cache", "request_timeout_s", "endpoints_file", "replay", "text.cache",
+                  "parallel")
 # Sections added after workdirs were recorded, with the test that says the current config leaves
 # them off (then it runs exactly as before they existed): a record without the section matches.
 SWITCHED_OFF_WHEN = {
@@ -30,6 +32,7 @@ SWITCHED_OFF_WHEN = {
         not str(flat.get(f"data.sim_events.{kind}.llm", "")).strip()
         for kind in ("quality", "price", "join", "fail")),
     "eval.online_history": lambda flat: not flat.get("eval.online_history", False),
+    "train.padding": lambda flat: flat.get("train.padding", "fixed") == "fixed",
 }
 
 

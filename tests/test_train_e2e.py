@@ -44,6 +44,7 @@ def test_train_and_evaluate_writes_everything(reference_run):
   m = metrics(wd)
   assert [r["iteration"] for r in m] == list(range(3))
   assert all(np.isfinite(r["loss"]) and r["transitions"] > 0 for r in m)
+  assert all(r["update_compiles"] == 1 for r in m)   # fixed padding: no recompile after the first
   assert (wd / "checkpoints" / "latest").is_dir() and (wd / "checkpoints" / "best").is_dir()
   report = json.loads((wd / "eval.json").read_text())
   policies = {r["policy"] for r in report["rows"]}

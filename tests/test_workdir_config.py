@@ -104,12 +104,14 @@ def test_sweep_runner_refuses_another_config_with_exit_2(tmp_path):
 
 
 def test_a_record_older_than_the_pool_events_matches_while_they_are_off(tmp_path):
-  """Workdirs recorded before config.data.sim_events and eval.online_history existed still resume
-  with them off; turning one on is a changed config."""
+  """Workdirs recorded before config.data.sim_events, eval.online_history, train.padding and
+  parallel existed still resume with them off (parallel is never compared); turning one of the
+  others on is a changed config."""
   c = test_config.get_config()
   old = workdir_config.flatten(c)
   old = {k: v for k, v in old.items()
-         if not k.startswith("data.sim_events.") and k != "eval.online_history"}
+         if not k.startswith(("data.sim_events.", "parallel.")) and
+         k not in ("eval.online_history", "train.padding")}
   wd = tmp_path / "w"
   wd.mkdir()
   (wd / "config.json").write_text(json.dumps(old))
@@ -120,6 +122,10 @@ def test_a_record_older_than_the_pool_events_matches_while_they_are_off(tmp_path
   c = test_config.get_config()
   c.eval.online_history = True
   with pytest.raises(errors.ConfigError, match=r"eval.online_history: recorded '<absent>'"):
+    workdir_config.check_or_record(wd, c)
+  c = test_config.get_config()
+  c.train.padding = "buckets"
+  with pytest.raises(errors.ConfigError, match=r"train.padding: recorded '<absent>'"):
     workdir_config.check_or_record(wd, c)
   new = tmp_path / "n"                      # recorded with the section: compared as usual
   workdir_config.check_or_record(new, test_config.get_config())

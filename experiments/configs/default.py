@@ -107,6 +107,16 @@ def get_config() -> ml_collections.ConfigDict:
                                    # (E[U | calls], simulator only: less noise), "auto" = expected
                                    # on the simulator, sampled otherwise
   c.train.checkpoint_every = 5     # iterations between 'latest' checkpoints
+  c.train.padding = "fixed"        # transitions per update: "fixed" (every call the episodes
+                                   # could make) or "buckets" (sizes <= 4/3 apart: <= 25% padding,
+                                   # one compilation per size met; docs/scaling.md)
+
+  c.parallel = ml_collections.ConfigDict()   # docs/scaling.md
+  c.parallel.devices = 0           # learner mesh size: 0 = all devices (of all processes)
+  c.parallel.distributed = False   # join a multi-process job (jax.distributed.initialize)
+  c.parallel.coordinator = ""      # "host:port" of process 0 ("" = from the cluster environment)
+  c.parallel.num_processes = 0     # 0 = from the cluster environment
+  c.parallel.process_id = -1       # -1 = from the cluster environment
 
   c.eval = ml_collections.ConfigDict()
   c.eval.baselines = True          # random and single-LLM policies

@@ -4,16 +4,23 @@ from __future__ import annotations
 import pathlib
 import time
 
+import jax
+
 from gp_jax import evaluation
 from gp_jax import system as system_lib
 from gp_jax.rl import train as train_lib
 
 
 def evaluate_run(config, workdir, *, tag: str = "eval", system=None, verbose: bool = True) -> dict:
-  """Evaluates the best checkpoint of `workdir`; writes <tag>.md / <tag>.json there."""
+  """Evaluates the best checkpoint of `workdir`; writes <tag>.md / <tag>.json there.
+
+  Several processes: all restore the checkpoint (orbax restores collectively), process 0 alone
+  evaluates and writes; the others return {}."""
   t0 = time.time()
   system = system or system_lib.build(config)
   model, params, history = train_lib.load_router(config, workdir, system)
+  if jax.process_index() != 0:
+    return {}
   hist = None if config.model.history == "inductive" else history   # summary/retrieval read it too
   before = system.pool.stats()
   rows = evaluation.evaluate(system, float(config.alpha), router=(model, params, hist),
@@ -40,8 +47,12 @@ def evaluate_run(config, workdir, *, tag: str = "eval", system=None, verbose: bo
 
 
 def train_and_evaluate(config, workdir, *, evaluate: bool = True, verbose: bool = True) -> dict:
+  """Several processes (config.parallel.distributed): all train; process 0 alone reports and
+  evaluates."""
+  train_lib.init_distributed(config)   # before any other JAX work
   system = system_lib.build(config)
   summary = train_lib.train(config, workdir, system=system, verbose=verbose)
+  verbose = verbose and jax.process_index() == 0
   if verbose:
     print(f"trained {summary['episodes']} episodes in {summary['train_seconds']:.0f}s "
           f"(best running reward {summary['best_running']:.3f} at iteration {summary['best_iteration']})")

@@ -5,6 +5,9 @@ TrainingState pytree. Each minibatch encodes the history rows once and gives eve
 own history snapshot through prefix sums over chunks of rows cut at the snapshot values.
 History-summary ablation: `hist` carries summary [A, D], the per-hub summary embeddings every
 decision of the iteration read, and all transitions use it (no per-transition sums).
+Given a mesh of several devices (gp_jax/rl/parallel.py) the same update runs as one SPMD program:
+history rows sharded (per-device sums joined by a psum), minibatches split across devices,
+parameters replicated.
 """
 from __future__ import annotations
 
@@ -17,10 +20,16 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from jax.sharding import NamedSharding
+from jax.sharding import PartitionSpec as P
 
 from gp_jax.graph import garnet as garnet_lib
+from gp_jax.rl import parallel
 
 VALUE_MODULES = ("value_row", "value_hub", "value_mlp", "value_shared")
+# History rows one device encodes at once in the update when it holds more than twice as many
+# (bounded memory; the sums are then added in another order: last-bit differences from one pass).
+ROW_BLOCK = 1 << 19
 
 
 @flax.struct.dataclass
@@ -89,27 +98,62 @@ def ppo_loss(logits: chex.Array, values: chex.Array, actions: chex.Array, old_lo
                     clipfrac=clipfrac, approx_kl=approx_kl, ratio_mean=jnp.sum(ratio * weights) / n)
 
 
-def history_chunk_sums(model: garnet_lib.GARNet, params, hist: dict, num_chunks: int, num_hubs: int):
+def history_chunk_sums(model: garnet_lib.GARNet, params, hist: dict, num_chunks: int, num_hubs: int,
+                       mesh=None):
   """Exclusive prefix sums over chunks of per-(chunk, hub) sums of transformed history rows.
 
+  mesh: several devices: hist rows/segment are sharded along parallel.DATA; each device encodes
+  and sums its rows, a psum joins the per-(chunk, hub) sums (the prefix sums then run replicated).
+  A device holding more than 2 x ROW_BLOCK rows encodes them in blocks (rematerialised).
   Returns [num_chunks, A, d]: entry j = per-hub sums of the rows a transition with chunk index j
   saw (gp_jax/graph/history.py, update_inputs).
   """
-  h = model.apply({"params": params}, hist["rows"], method=model.history_rows)
   A = num_hubs
-  per_chunk = jax.ops.segment_sum(h, hist["segment"], num_chunks * A + 1)[:-1]
-  per_chunk = per_chunk.reshape(num_chunks, A, -1)
+
+  S = num_chunks * A + 1
+
+  def encode_block(params, rows, segment):
+    h = model.apply({"params": params}, rows, method=model.history_rows)
+    return jax.ops.segment_sum(h, segment, S)
+
+  def encode(params, rows, segment):
+    n = rows.shape[0]
+    if n <= 2 * ROW_BLOCK:   # two blocks would save little memory and cost the recompute
+      return encode_block(params, rows, segment)
+    # Block by block, each block's activations recomputed in the backward pass: memory for
+    # ROW_BLOCK rows, not all of them. The last block starts early (n need not divide) and sends
+    # the rows an earlier block already summed to the dropped segment S - 1.
+    # The slicing sits inside the checkpoint, so the backward pass keeps only the block index per
+    # block (not a stacked copy of the sliced rows).
+    @jax.checkpoint
+    def block(params, rows, segment, i):
+      start = jnp.minimum(i * ROW_BLOCK, n - ROW_BLOCK)
+      r = jax.lax.dynamic_slice_in_dim(rows, start, ROW_BLOCK)
+      seg = jax.lax.dynamic_slice_in_dim(segment, start, ROW_BLOCK)
+      seg = jnp.where(start + jnp.arange(ROW_BLOCK) >= i * ROW_BLOCK, seg, S - 1)
+      return encode_block(params, r, seg)
+    return jax.lax.map(lambda i: block(params, rows, segment, i),
+                       jnp.arange(-(-n // ROW_BLOCK))).sum(0)
+
+  if parallel.is_sharded(mesh):
+    spec = P(parallel.DATA)
+    per_chunk = jax.shard_map(lambda p, r, s: jax.lax.psum(encode(p, r, s), parallel.DATA),
+                              mesh=mesh, in_specs=(P(), spec, spec), out_specs=P())(
+                                  params, hist["rows"], hist["segment"])
+  else:
+    per_chunk = encode(params, hist["rows"], hist["segment"])
+  per_chunk = per_chunk[:-1].reshape(num_chunks, A, -1)
   inclusive = jnp.cumsum(per_chunk, axis=0)
   return jnp.concatenate([jnp.zeros_like(inclusive[:1]), inclusive[:-1]], 0)
 
 
 def history_sums(model: garnet_lib.GARNet, params, hist: dict, chunk: chex.Array, count: chex.Array,
-                 num_chunks: int):
+                 num_chunks: int, mesh=None):
   """Per-transition hub sums [B, A, d] and counts [B, A] of the history rows each one saw."""
-  return history_chunk_sums(model, params, hist, num_chunks, count.shape[-1])[chunk], count
+  return history_chunk_sums(model, params, hist, num_chunks, count.shape[-1], mesh)[chunk], count
 
 
-def forward_batch(model, params, hub_features, hist, batch, num_chunks: int):
+def forward_batch(model, params, hub_features, hist, batch, num_chunks: int, mesh=None):
   """Logits [B, A] and values [B] of a minibatch, each with its own history snapshot."""
   if "summary" in hist:   # one history input for the whole iteration
     h_hist = model.apply({"params": params}, hub_features, hist["summary"],
@@ -120,7 +164,7 @@ def forward_batch(model, params, hub_features, hist, batch, num_chunks: int):
       return logits, value
     return jax.vmap(one_summary)(batch["obs"])
   sums, count = history_sums(model, params, hist, batch["hist_chunk"], batch["hist_count"],
-                             num_chunks)
+                             num_chunks, mesh)
   def one(obs, s, c):
     h_hist = model.apply({"params": params}, hub_features, s, c, method=model.history_hubs)
     logits = model.apply({"params": params}, h_hist, obs, method=model.policy)
@@ -140,21 +184,34 @@ def entropy_coefficient(step, coef: float, decay_updates: int, final_fraction: f
 
 def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransformation, *,
                    epochs: int, num_minibatches: int, clip_eps: float, value_coef: float,
-                   entropy_coef: float, num_chunks: int, max_traces: int | None = None,
-                   entropy_decay_updates: int = 0, entropy_final_fraction: float = 1.0):
+                   entropy_coef: float, num_chunks: int | None = None,
+                   max_traces: int | None = None,
+                   entropy_decay_updates: int = 0, entropy_final_fraction: float = 1.0,
+                   mesh=None):
   """Returns update(state, hub_features, hist, batch) -> (state, metrics), jitted once per shape.
 
   batch: dict of arrays with leading dim N (a multiple of num_minibatches): obs (dict), actions,
   old_logp, advantages, returns, weights, hist_chunk [N], hist_count [N, A].
+  num_chunks: the chunk budget of the history inputs; None = N + 1 (each padded batch size N
+  compiles once, so one function serves several padding buckets).
   hist: rows [H, F], segment [H] from HistoryMemory.update_inputs(..., num_chunks); in the
   summary ablation also summary [A, D] (PolicyRunner.history_input_array of the iteration).
   entropy_decay_updates > 0: update k (state.update_step) uses the entropy coefficient
   entropy_coef x (1 - (1 - entropy_final_fraction) x min(k / entropy_decay_updates, 1)).
+  mesh: a jax.sharding.Mesh (axis parallel.DATA) of several devices: the update places its
+  inputs (host data identical on every process) -- history rows sharded, transitions sharded, the
+  rest replicated -- and returns replicated state; N / num_minibatches must then be a multiple of
+  the mesh size, and the history row count too (parallel.pad_rows). One device (or None): the
+  plain jitted function, bit for bit the unsharded program.
   """
+  sharded = parallel.is_sharded(mesh)
   loss_kw = dict(clip_eps=clip_eps, value_coef=value_coef)
 
-  def loss_fn(params, hub_features, hist, mb, ent_coef):
-    logits, values = forward_batch(model, params, hub_features, hist, mb, num_chunks)
+  def chunks_of(batch) -> int:
+    return num_chunks or batch["actions"].shape[0] + 1
+
+  def loss_fn(params, hub_features, hist, mb, ent_coef, chunks):
+    logits, values = forward_batch(model, params, hub_features, hist, mb, chunks, mesh)
     w = mb["weights"]
     adv = mb["advantages"]
     return ppo_loss(logits, values, mb["actions"], mb["old_logp"], adv, mb["returns"],
@@ -162,6 +219,7 @@ def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransforma
 
   def update(state: TrainingState, hub_features, hist, batch):
     n = batch["actions"].shape[0]
+    chunks = chunks_of(batch)
     mb_size = n // num_minibatches
     # Advantage normalisation over the real transitions of the whole batch.
     w = batch["weights"]
@@ -175,11 +233,14 @@ def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransforma
       params, opt_state = carry
       perm = jax.random.permutation(key, n)
       shuffled = jax.tree_util.tree_map(lambda x: x[perm].reshape((num_minibatches, mb_size) + x.shape[1:]), batch)
+      if sharded:   # data-parallel minibatches: each device takes mb_size / devices transitions
+        shuffled = jax.lax.with_sharding_constraint(
+            shuffled, NamedSharding(mesh, P(None, parallel.DATA)))
 
       def minibatch(carry, mb):
         params, opt_state = carry
         (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, hub_features, hist, mb,
-                                                                   ent_coef)
+                                                                   ent_coef, chunks)
         updates, opt_state = optimizer.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         metrics["grad_norm"] = optax.global_norm(grads)
@@ -198,4 +259,24 @@ def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransforma
 
   if max_traces is not None:   # tests: fail loudly if anything retraces
     update = chex.assert_max_traces(update, n=max_traces)
-  return jax.jit(update, donate_argnums=(0,))
+  if not sharded:
+    return jax.jit(update, donate_argnums=(0,))
+  rep = parallel.replicated(mesh)
+  jitted = jax.jit(update, donate_argnums=(0,), out_shardings=rep)
+  rows = parallel.rows_sharding(mesh)
+
+  def place_and_update(state, hub_features, hist, batch):
+    if "segment" in hist and not isinstance(hist["segment"], jax.Array):
+      rows_, segment = parallel.pad_rows(hist["rows"], hist["segment"], mesh.size,
+                                         chunks_of(batch) * batch["hist_count"].shape[-1])
+      hist = dict(hist, rows=rows_, segment=segment)
+    hist = {k: parallel.put(v, rows if k in ("rows", "segment") else rep) for k, v in hist.items()}
+    return jitted(parallel.put_tree(state, rep), parallel.put(hub_features, rep), hist,
+                  parallel.put_tree(batch, rows))
+  place_and_update.jitted = jitted
+  return place_and_update
+
+
+def compile_count(update) -> int:
+  """Programs compiled so far by an update of make_update_fn (one per input shape)."""
+  return getattr(update, "jitted", update)._cache_size()

@@ -17,15 +17,18 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import hashlib
+from typing import Callable
 
 import chex
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import PartitionSpec as P
 
 from gp_jax.graph import features as features_lib
 from gp_jax.graph import garnet as garnet_lib
 from gp_jax.graph import history as history_lib
+from gp_jax.rl import parallel
 from gp_jax.types import Query
 from gp_jax.workflow import env as env_lib
 from gp_jax.workflow import mdp
@@ -38,8 +41,10 @@ class PolicyRunner:
 
   def __init__(self, model: garnet_lib.GARNet, hub_features: np.ndarray, batch_size: int,
                max_traces: int | None = None,
-               featurizer: features_lib.Featurizer | None = None):
-    """featurizer: needed by the summary and retrieval ablations (text encoder, row layout)."""
+               featurizer: features_lib.Featurizer | None = None, mesh=None):
+    """featurizer: needed by the summary and retrieval ablations (text encoder, row layout).
+    mesh: process-local devices (parallel.make_mesh(local=True)) the history refresh is sharded
+    over; None or one device: unsharded."""
     self.model, self.batch_size = model, batch_size
     self.hub_features = jnp.asarray(hub_features)
     A = hub_features.shape[0]
@@ -73,8 +78,15 @@ class PolicyRunner:
           jnp.ones(hubs.shape[0]), hubs, A + 1)[:A]
 
     # Two row entry points with one shape each: whole history (per bucket) and new-row chunks.
+    self.mesh = mesh if parallel.is_sharded(mesh) else None
+
     def rows_all(params, rows, hubs):
-      return rows_fn(params, rows, hubs)
+      if self.mesh is None:
+        return rows_fn(params, rows, hubs)
+      spec = P(parallel.DATA)
+      return jax.shard_map(lambda p, r, h: jax.lax.psum(rows_fn(p, r, h), parallel.DATA),
+                           mesh=self.mesh, in_specs=(P(), spec, spec), out_specs=(P(), P()))(
+                               params, rows, hubs)
 
     def rows_chunk(params, rows, hubs):
       return rows_fn(params, rows, hubs)
@@ -88,7 +100,12 @@ class PolicyRunner:
     self._rows_chunk = jax.jit(rows_chunk)
 
   def set_params(self, params, history: history_lib.HistoryMemory | None) -> None:
-    """New parameter version: recompute the history hub sums once."""
+    """New parameter version: recompute the history hub sums once.
+
+    params may be replicated over several devices (the learner's): decisions use one local copy.
+    """
+    full = params
+    params = parallel.local_copy(params)
     self.params = params
     self.hub_sum[:] = 0
     self.hub_count[:] = 0
@@ -102,6 +119,12 @@ class PolicyRunner:
       return
     if history is not None and len(history):
       rows, hubs = history.padded()
+      if self.mesh is not None:
+        rows, hubs = parallel.pad_rows(rows, hubs, self.mesh.size, self.num_hubs)
+        rows = parallel.put(rows, parallel.rows_sharding(self.mesh))
+        hubs = parallel.put(hubs, parallel.rows_sharding(self.mesh))
+        params = parallel.put_tree(full if parallel.is_local(full) else params,
+                                   parallel.replicated(self.mesh))
       s, c = self._rows_all(params, rows, hubs)
       self.hub_sum[:] = np.asarray(s)
       self.hub_count[:] = np.asarray(c)
@@ -159,6 +182,23 @@ class Episode:
     return float(sum(self.rewards))
 
 
+@dataclasses.dataclass(frozen=True)
+class RolloutShard:
+  """This process's part of a multi-process rollout (gp_jax/rl/parallel.py).
+
+  Every process runs the episodes of its own queries (one contiguous slice of the iteration's),
+  in lock-step with the others: after each step the processes exchange the history rows of the
+  episodes that finished (added in process order, so every process holds the same history and
+  snapshots are global row counts) and how many episodes each has in flight. A process places its
+  observations at its offset in a batch of all processes' episodes (the runner's batch size), so
+  sampling draws the noise of the one-process batch: with every query in flight from the start
+  (train.parallel >= train.episodes_per_iter) the rollout is the one-process rollout.
+  """
+  index_offset: int                      # iteration-wide index of this process's first query
+  slots: int                             # this process's episodes in flight
+  allgather: Callable[[object], list]    # one host object from every process, in process order
+
+
 def episode_seed(*keys) -> int:
   return int.from_bytes(hashlib.blake2b(repr(keys).encode(), digest_size=4).digest(), "little")
 
@@ -166,8 +206,8 @@ def episode_seed(*keys) -> int:
 async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featurizer,
                        runner: PolicyRunner, queries: list[Query], *, key: jax.Array,
                        greedy: bool, history: history_lib.HistoryMemory | None,
-                       grow_history: bool, seed_salt, task_text=None, online: bool = False
-                       ) -> list[Episode]:
+                       grow_history: bool, seed_salt, task_text=None, online: bool = False,
+                       shard: RolloutShard | None = None) -> list[Episode]:
   """Runs one episode per query, runner.batch_size at a time; returns them in query order.
 
   Episodes that finish at one lock-step join the history together after it (when it grows), so
@@ -183,9 +223,13 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
       at once (the decision sums, the summary and the retrieval index follow), so the memory
       never holds more than its capacity when a decision reads it. Snapshots then no longer
       index the rows: such episodes are not for a PPO update.
+    shard: several processes: this one's slice of the queries (RolloutShard); runner.batch_size
+      is then the episodes in flight over all processes.
   """
   if online and (history is None or not grow_history):
     raise ValueError("online memory needs a history memory and grow_history=True")
+  if online and shard is not None:
+    raise ValueError("online memory runs in one process (no shard)")
   task_text = task_text or (lambda q: env.describe(q)[0])
   encoder = featurizer.encoder
   pending = list(enumerate(queries))[::-1]
@@ -201,14 +245,25 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
       return
     i, q = pending.pop()
     t_emb, q_emb = encoder.encode([task_text(q), q.query])
-    slots[slot] = (i, Episode(q, env.reset(q), episode_seed(seed_salt, i, q.qid), t_emb, q_emb,
+    index = i + (shard.index_offset if shard is not None else 0)
+    slots[slot] = (i, Episode(q, env.reset(q), episode_seed(seed_salt, index, q.qid), t_emb, q_emb,
                               np.zeros((0, row_dim), np.float32)))
 
-  for s in range(runner.batch_size):
+  if shard is None:
+    n_slots = runner.batch_size
+  else:   # this process's share of the slots; the others' live counts give its batch offset
+    n_slots = min(shard.slots, len(queries))
+    slots = slots[:n_slots]
+  for s in range(n_slots):
     start(s)
+  in_flight = shard.allgather(sum(x is not None for x in slots)) if shard is not None else None
   step = 0
-  while any(slots):
+  while any(slots) or (shard is not None and any(in_flight)):
     live = [(s, slot) for s, slot in enumerate(slots) if slot is not None]
+    if not live:   # this process is done; it keeps exchanging rows with the others
+      step += 1
+      in_flight = _exchange(shard, [], [], 0, history, runner)
+      continue
     obs = [featurizer.observe(ep.state, ep.task_emb, ep.query_emb, ep.rows, env.mask(ep.state))
            for _, (_, ep) in live]
     if index is not None:   # the k history rows nearest to each query, stored in its observation
@@ -216,8 +271,10 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
         index.sync(history.rows, history.hubs)
       for o, extra in zip(obs, index.fields(np.stack([ep.query_emb for _, (_, ep) in live]))):
         o.update(extra)
-    batch = features_lib.stack(obs, pad_to=runner.batch_size)
+    offset = sum(in_flight[:jax.process_index()]) if shard is not None else 0
+    batch = features_lib.stack([obs[0]] * offset + obs, pad_to=runner.batch_size)
     actions, logp, values = runner.act(batch, jax.random.fold_in(key, step), greedy)
+    actions, logp, values = actions[offset:], logp[offset:], values[offset:]
     step += 1
     snap = history.snapshot() if history is not None else 0
     results = await asyncio.gather(*[
@@ -235,7 +292,10 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
           new_ids.append(i)
         done[i] = ep
         start(s)
-    if new_rows:   # episodes finished in this lock-step join the history for the next decisions
+    if shard is not None:
+      in_flight = _exchange(shard, new_rows, new_hubs, sum(x is not None for x in slots),
+                            history, runner)
+    elif new_rows:   # episodes finished in this lock-step join the history for the next decisions
       if online:   # in query order (training keeps slot order)
         order = np.argsort(new_ids, kind="stable")
         new_rows, new_hubs = [new_rows[k] for k in order], [new_hubs[k] for k in order]
@@ -253,3 +313,17 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
         if runner.summary:   # the per-hub summary text follows the memory
           runner.set_params(runner.params, history)
   return [done[i] for i in range(len(queries))]
+
+
+def _exchange(shard: RolloutShard, new_rows: list, new_hubs: list, live: int,
+              history: history_lib.HistoryMemory | None, runner: PolicyRunner) -> list[int]:
+  """One lock-step's exchange: every process's finished rows join the history in process order
+  (as one process adds them in slot order); returns each process's episodes in flight."""
+  parts = shard.allgather((new_rows, new_hubs, live))
+  rows = [r for part in parts for r in part[0]]
+  hubs = [h for part in parts for h in part[1]]
+  if rows and history is not None:
+    rows, hubs = np.concatenate(rows), np.concatenate(hubs)
+    history.add(rows, hubs)
+    runner.add_history(rows, hubs)
+  return [part[2] for part in parts]

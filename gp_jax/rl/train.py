@@ -29,15 +29,41 @@ from gp_jax.graph import garnet as garnet_lib
 from gp_jax.graph import history as history_lib
 from gp_jax.rl import checkpoint as checkpoint_lib
 from gp_jax.rl import gae as gae_lib
+from gp_jax.rl import parallel
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
 
 
-def batch_size_for(episodes_per_iter: int, max_calls: int, num_minibatches: int) -> int:
+def batch_size_for(episodes_per_iter: int, max_calls: int, num_minibatches: int,
+                   devices: int = 1) -> int:
   """Fixed padded transition count of every update: all the calls the episodes could make,
-  rounded up to a multiple of 8 per minibatch (one shape per run, so one compilation)."""
-  unit = 8 * num_minibatches
+  rounded up to a multiple of 8 per minibatch (one shape per run, so one compilation), and of the
+  device count per minibatch (minibatches are split across the mesh)."""
+  unit = math.lcm(8, devices) * num_minibatches
   return -(-episodes_per_iter * max_calls // unit) * unit
+
+
+PADDINGS = ("fixed", "buckets")   # train.padding
+MAX_WASTE = 0.25   # buckets: largest padded share of a batch (beyond the smallest sizes)
+
+
+def padding_buckets(max_size: int, unit: int) -> list[int]:
+  """Padded batch sizes (multiples of `unit`, the last one `max_size`) such that a batch of n
+  transitions, padded to the smallest size >= n, wastes at most MAX_WASTE of it once n > 3 units
+  (below that, at most one unit): each size is at most 4/3 of the one before."""
+  sizes = [unit]
+  while sizes[-1] < max_size:
+    grow = int(sizes[-1] / (1 - MAX_WASTE)) // unit * unit
+    sizes.append(min(max(grow, sizes[-1] + unit), max_size))
+  return sizes
+
+
+def padded_size(n: int, sizes: list[int]) -> int:
+  """The smallest of `sizes` that holds n transitions."""
+  for size in sizes:
+    if size >= n:
+      return size
+  raise ValueError(f"{n} transitions exceed the batch size {sizes[-1]}")
 
 
 _gae = jax.jit(gae_lib.batched_gae)
@@ -118,7 +144,7 @@ class MetricsLog:
 HISTORY_MODES = ("transductive", "inductive", "summary", "retrieval")
 SCHEDULES = ("constant", "linear")   # ppo.lr_schedule and ppo.entropy_schedule
 # Config fields a resumed training run may change (gp_jax/workdir_config.py).
-TRAIN_CONFIG_FREE = ("sweep", "study", "eval", "train.checkpoint_every")
+TRAIN_CONFIG_FREE = ("sweep", "study", "eval", "train.checkpoint_every", "parallel")
 
 
 def make_model(config, spec: features_lib.FeatureSpec | None = None) -> garnet_lib.GARNet:
@@ -214,18 +240,33 @@ def make_optimizer(config):
                             final_fraction=float(p.get("lr_final_fraction", 0.0)))
 
 
-def make_update(config, system: system_lib.System, model, optimizer, episodes: int):
-  """(jitted PPO update, padded batch size) for updates over `episodes` episodes of `system`."""
+def make_mesh(config, *, local: bool = False):
+  """The learner's device mesh of config.parallel.devices (0 or absent = all devices); local: this
+  process's devices only (the rollout's history refresh)."""
+  par = config.get("parallel") or {}
+  devices = int(par.get("devices", 0))
+  if devices < 0:
+    raise errors.ConfigError(f"config.parallel.devices must be >= 0 (0 = all), got {devices}")
+  return parallel.make_mesh(devices, local=local)
+
+
+def make_update(config, system: system_lib.System, model, optimizer, episodes: int, mesh=None):
+  """(jitted PPO update, padded batch size) for updates over `episodes` episodes of `system`.
+
+  mesh: the learner's device mesh (make_mesh); None = one device."""
   p = config.ppo
   roles = system.space.roles
   max_calls = system.mdp_cfg.max_calls(thinker=bool(roles.indices_of_kind("thinker")),
                                        verifier=bool(roles.indices_of_kind("verifier")))
-  batch_size = batch_size_for(episodes, max_calls, int(p.num_minibatches))
+  batch_size = batch_size_for(episodes, max_calls, int(p.num_minibatches),
+                              mesh.size if mesh is not None else 1)
+  # num_chunks follows the padded size (batch_size + 1 with fixed padding; per bucket otherwise).
   update = ppo.make_update_fn(model, optimizer, epochs=int(p.epochs), num_minibatches=int(p.num_minibatches),
                               clip_eps=p.clip_eps, value_coef=p.value_coef, entropy_coef=p.entropy_coef,
-                              num_chunks=batch_size + 1,
+                              num_chunks=None,
                               entropy_decay_updates=_entropy_decay_updates(config),
-                              entropy_final_fraction=float(p.get("entropy_final_fraction", 0.0)))
+                              entropy_final_fraction=float(p.get("entropy_final_fraction", 0.0)),
+                              mesh=mesh)
   return update, batch_size
 
 
@@ -238,6 +279,23 @@ def enable_compile_cache(path: str) -> None:
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
+def init_distributed(config) -> None:
+  """Joins the multi-process job of config.parallel when parallel.distributed is set (before any
+  other JAX work; a no-op once joined or when the section is absent)."""
+  par = config.get("parallel")
+  if par is None or not par.get("distributed", False):
+    return
+  parallel.initialize(coordinator=str(par.get("coordinator", "")),
+                      num_processes=int(par.get("num_processes", 0)),
+                      process_id=int(par.get("process_id", -1)))
+
+
+def _shares(n: int, parts: int) -> list[tuple[int, int]]:
+  """Contiguous (start, stop) slices of n items over `parts` processes, sizes differing by <= 1."""
+  cuts = [n * p // parts for p in range(parts + 1)]
+  return list(zip(cuts[:-1], cuts[1:]))
+
+
 def _validate(config) -> None:
   t, p = config.train, config.ppo
   checks = [(t.episodes >= 1, "train.episodes >= 1"), (t.episodes_per_iter >= 1, "train.episodes_per_iter >= 1"),
@@ -248,7 +306,8 @@ def _validate(config) -> None:
             (0 <= p.get("lr_final_fraction", 0.0) <= 1, "0 <= ppo.lr_final_fraction <= 1"),
             (0 <= p.get("entropy_final_fraction", 0.0) <= 1, "0 <= ppo.entropy_final_fraction <= 1"),
             (config.model.history_capacity >= 0, "model.history_capacity >= 0"),
-            (t.checkpoint_every >= 1, "train.checkpoint_every >= 1")]
+            (t.checkpoint_every >= 1, "train.checkpoint_every >= 1"),
+            (t.get("padding", "fixed") in PADDINGS, f"train.padding in {PADDINGS}")]
   for ok, what in checks:
     if not ok:
       raise errors.ConfigError(f"invalid config: need {what}")
@@ -261,11 +320,21 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   """Trains a router; returns a summary. Resumes from the latest checkpoint in workdir."""
   _validate(config)
   make_model(config)   # config errors before anything is built
+  init_distributed(config)
+  # Several processes: each runs its share of the rollouts; the learner is one SPMD program;
+  # only process 0 writes metrics and prints (checkpoints are written by all, as orbax needs).
+  procs, rank = jax.process_count(), jax.process_index()
+  verbose = verbose and rank == 0
+  mesh = make_mesh(config)   # too many devices asked: error before the workdir is touched
   enable_compile_cache(config.get("compile_cache", ""))
   workdir = pathlib.Path(workdir)
   # A resumed run must use the config its checkpoints were made with (the sweep's and studies'
   # sections, evaluation switches and checkpoint spacing do not change what is trained).
-  workdir_config.check_or_record(workdir, config, ignore=TRAIN_CONFIG_FREE, what="training run")
+  if rank == 0:   # several processes: process 0 records, the others then only compare
+    workdir_config.check_or_record(workdir, config, ignore=TRAIN_CONFIG_FREE, what="training run")
+  parallel.barrier("workdir config")
+  if rank != 0:
+    workdir_config.check_or_record(workdir, config, ignore=TRAIN_CONFIG_FREE, what="training run")
   if verbose:
     progress_lib.note(f"[train] {workdir}: {_num_updates(config)} iterations of "
                       f"{config.train.episodes_per_iter} episodes; compiling first (a minute or "
@@ -277,8 +346,11 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   optimizer = make_optimizer(config)
   state = init_state(model, sysm.featurizer, optimizer, config.seed)
   update, batch_size = make_update(config, sysm, model, optimizer,
-                                   int(config.train.episodes_per_iter))
+                                   int(config.train.episodes_per_iter), mesh)
   # The history memory grows in every mode but inductive; only transductive sums its rows.
+  buckets = None   # fixed padding: every batch is batch_size transitions
+  if config.train.get("padding", "fixed") == "buckets":
+    buckets = padding_buckets(batch_size, batch_size_for(1, 1, int(p.num_minibatches), mesh.size))
   transductive = config.model.history == "transductive"
   memory = config.model.history != "inductive"
   summary = config.model.history == "summary"
@@ -301,10 +373,13 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
             f"{len(history)} history rows)", file=sys.stderr)
   # Steps past the restored state (a best saved after the last latest, a damaged step) are
   # written again by this run; left in place they would collide with it or be evaluated.
-  ckpt.discard_after(meta["iteration"])
-  log = MetricsLog(workdir / "metrics.jsonl", meta["iteration"])
-  runner = rollout.PolicyRunner(model, sysm.featurizer.hub_features, int(config.train.parallel),
-                                featurizer=sysm.featurizer)
+  if rank == 0:
+    ckpt.discard_after(meta["iteration"])
+  parallel.barrier("discard newer checkpoint steps")
+  log = MetricsLog(workdir / "metrics.jsonl", meta["iteration"]) if rank == 0 else None
+  slots = -(-int(config.train.parallel) // procs)   # episodes in flight per process
+  runner = rollout.PolicyRunner(model, sysm.featurizer.hub_features, slots * procs,
+                                featurizer=sysm.featurizer, mesh=make_mesh(config, local=True))
   runner.set_params(state.params, history if memory else None)
   hub_features = jnp.asarray(sysm.featurizer.hub_features)
   n_iters = math.ceil(config.train.episodes / config.train.episodes_per_iter)
@@ -319,14 +394,24 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
     start = it * config.train.episodes_per_iter
     batch_q = [queries[i] for i in _query_order(len(queries), config.seed, start,
                                                  config.train.episodes_per_iter)]
+    shard = None
+    if procs > 1:
+      lo, hi = _shares(len(batch_q), procs)[rank]
+      batch_q = batch_q[lo:hi]
+      shard = rollout.RolloutShard(index_offset=lo, slots=slots,
+                                   allgather=parallel.allgather_objects)
     t_roll = time.time()
     episodes = aio.run(rollout.run_episodes(
         env, sysm.featurizer, runner, batch_q, key=jax.random.fold_in(jax.random.PRNGKey(config.seed + 1), it),
         greedy=False, history=history if memory else None, grow_history=memory,
-        seed_salt=(config.seed, it)))
+        seed_salt=(config.seed, it), shard=shard))
+    if procs > 1:   # every process builds the same batch from all the episodes, in query order
+      episodes = [e for part in parallel.allgather_objects(episodes) for e in part]
     t_upd = time.time()
+    size = batch_size if buckets is None else padded_size(
+        sum(len(e.rewards) for e in episodes), buckets)
     batch, hist_inputs = build_batch(episodes, history if transductive else None,
-                                     gamma=p.gamma, gae_lambda=p.gae_lambda, batch_size=batch_size,
+                                     gamma=p.gamma, gae_lambda=p.gae_lambda, batch_size=size,
                                      num_hubs=sysm.space.size)
     if summary:   # the summary every decision of this iteration read
       hist_inputs["summary"] = runner.history_input_array()
@@ -344,11 +429,13 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
                calls=float(np.mean([len(e.state.calls) for e in episodes])),
                failed_calls=int(sum(c.error is not None for e in episodes for c in e.state.calls)),
                transitions=int(sum(len(e.rewards) for e in episodes)), history_rows=len(history),
-               rollout_s=t_upd - t_roll, update_s=time.time() - t_upd, **m)
+               rollout_s=t_upd - t_roll, update_s=time.time() - t_upd,
+               padded_transitions=size, update_compiles=ppo.compile_count(update), **m)
     # Backend counters (calls, failures by kind, retries...) of real pools, cumulative.
     rec.update({f"pool/{k}": v for k, v in sysm.pool.stats().items()
                 if isinstance(v, (int, float))})
-    log.write(rec)
+    if log is not None:
+      log.write(rec)
     if bar is not None:
       bar.update(it + 1, episodes=meta["episodes"], reward=f"{ret:+.3f}",
                  running=f"{meta['running_reward']:+.3f}", entropy=f"{m['entropy']:.2f}")
