@@ -235,7 +235,8 @@ def test_disk_full_on_a_small_file_system_is_one_error_line(tmp_path):
     assert out.stderr.count("error:") == 1 and "Traceback" not in out.stderr, out.stderr[-3000:]
     assert len(out.stderr.split("error:")[1].splitlines()) == 1, out.stderr[-3000:]
     line = out.stderr.split("error:")[1]
-    assert line.startswith(" cannot write checkpoint step") and "No space left on device" in line
+    # Mostly a checkpoint step fills the disk; the metrics line or a report may be the one.
+    assert line.startswith(" cannot write") and "No space left on device" in line, line
     for kind in ("latest", "best"):
       d = mnt / "w" / "checkpoints" / kind
       for p in d.iterdir():

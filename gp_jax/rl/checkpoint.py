@@ -70,7 +70,7 @@ def _files(step_dir: pathlib.Path) -> list[pathlib.Path]:
 def write_integrity(step_dir: pathlib.Path) -> None:
   """Records size and SHA-256 of every file of a finished step (atomically: tmp + rename)."""
   table = {str(p.relative_to(step_dir)): [p.stat().st_size, _sha256(p)] for p in _files(step_dir)}
-  tmp = step_dir / (INTEGRITY_FILE + ".tmp")
+  tmp = step_dir / f"{INTEGRITY_FILE}.{os.getpid()}.tmp"
   tmp.write_text(json.dumps(table, indent=0, sort_keys=True))
   os.replace(tmp, step_dir / INTEGRITY_FILE)
 
@@ -150,7 +150,8 @@ class Checkpointer:
       with _held_stderr():
         mngr.save(step, args=self._args(state, history, meta), force=True)
         mngr.wait_until_finished()
-      write_integrity(self._step_dir(mngr, step))
+      if jax.process_index() == 0:   # one writer of the shared step folder (several processes)
+        write_integrity(self._step_dir(mngr, step))
     except Exception as e:   # OSError, or tensorstore's ValueError wrapping one
       reason = _storage_reason(e)
       if reason is None:

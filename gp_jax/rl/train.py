@@ -373,9 +373,8 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
             f"{len(history)} history rows)", file=sys.stderr)
   # Steps past the restored state (a best saved after the last latest, a damaged step) are
   # written again by this run; left in place they would collide with it or be evaluated.
-  if rank == 0:
-    ckpt.discard_after(meta["iteration"])
-  parallel.barrier("discard newer checkpoint steps")
+  # Every process calls it: orbax's delete ends in a barrier of all processes.
+  ckpt.discard_after(meta["iteration"])
   log = MetricsLog(workdir / "metrics.jsonl", meta["iteration"]) if rank == 0 else None
   slots = -(-int(config.train.parallel) // procs)   # episodes in flight per process
   runner = rollout.PolicyRunner(model, sysm.featurizer.hub_features, slots * procs,
