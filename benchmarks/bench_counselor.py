@@ -21,12 +21,12 @@ import numpy as np
 from absl import app
 from absl import flags
 
-from gp_jax.counselor import agents
-from gp_jax.counselor import functions
-from gp_jax.counselor import generator
-from gp_jax.counselor import oracle
-from gp_jax.counselor import records
-from gp_jax.counselor import retrieval
+from gp_jax.counselor.agents import loop as agents
+from gp_jax.counselor.agents import records
+from gp_jax.counselor.kg import functions
+from gp_jax.counselor.kg import retrieval
+from gp_jax.counselor.synth import generator
+from gp_jax.counselor.synth import oracle
 from gp_jax.llm import catalog as catalog_lib
 from gp_jax.text import encoder as encoder_lib
 

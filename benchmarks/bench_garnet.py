@@ -35,12 +35,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.configs import default
-from gp_jax import system as system_lib
 from gp_jax.graph import history as history_lib
 from gp_jax.rl import parallel
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
 from gp_jax.rl import train as train_lib
+from gp_jax.runs import system as system_lib
 
 _SIZES = flags.DEFINE_list("sizes", ["1000", "10000", "100000"], "History sizes (rows).")
 _PROJ = flags.DEFINE_integer("mem_proj", 128, "Memory-row text projection (0 = none).")

@@ -28,9 +28,9 @@ import aiohttp
 import numpy as np
 
 from gp_jax import paths
-from gp_jax import system as system_lib
 from gp_jax.llm import catalog as catalog_lib
-from gp_jax.serving import process
+from gp_jax.runs import system as system_lib
+from gp_jax.runs.serving import process
 
 
 def start_test_server(latency_s: float, models: list[str]) -> tuple[subprocess.Popen, str]:

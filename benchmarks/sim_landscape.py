@@ -9,8 +9,8 @@ from absl import flags
 import numpy as np
 
 from experiments.configs import default
-from gp_jax import system as system_lib
-from gp_jax.workflow import optimal
+from gp_jax.runs import system as system_lib
+from gp_jax.sim import optimal
 
 _N = flags.DEFINE_integer("n", 150, "Simulated test queries.")
 _ALPHAS = flags.DEFINE_list("alphas", ["0", "0.1", "0.3", "0.5", "0.9"], "Cost weights.")

@@ -63,7 +63,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   logging.set_verbosity(logging.WARNING)  # keeps library info lines out of the score table
-  from gp_jax.counselor import experiment  # after flag parsing: keeps --help fast
+  from gp_jax.runs import counselor as experiment  # after flag parsing: keeps --help fast
   try:
     if _MODE.value == "generate":
       if not _OUT_DIR.value:

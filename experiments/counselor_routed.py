@@ -48,7 +48,7 @@ def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   common.check_workdir(_WORKDIR.value, must_exist=False)
-  from gp_jax.counselor import routed_experiment as rx  # after flag parsing: keeps --help fast
+  from gp_jax.runs import counselor_routed as rx  # after flag parsing: keeps --help fast
   cfg = rx.ExperimentConfig(
       domain=_DOMAIN.value, size=_SIZE.value, graph_seed=_GRAPH_SEED.value,
       per_template=_PER_TEMPLATE.value, graph=_GRAPH.value, questions=_QUESTIONS.value,

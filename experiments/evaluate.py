@@ -6,7 +6,7 @@
 from absl import flags
 
 from experiments import common
-from gp_jax.rl import pipeline
+from gp_jax.runs import pipeline
 
 _CONFIG = common.define_config("experiments/configs/default.py", "Run config.")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/default", "Workdir of a training run.")

@@ -16,7 +16,7 @@ from absl import flags
 
 from experiments import common
 from gp_jax import errors
-from gp_jax.serving import store
+from gp_jax.runs.serving import store
 
 _LOG = flags.DEFINE_string("route_log", "", "Route log (JSONL) written by serve_router.")
 _URL = flags.DEFINE_string("url", "", "Or a running server's base URL (reads /v1/routes).")

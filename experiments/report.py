@@ -9,8 +9,8 @@ from absl import flags
 
 from experiments import common
 from gp_jax import errors
-from gp_jax.baselines import report
-from gp_jax.studies import report as studies_report
+from gp_jax.runs import sweep_report as report
+from gp_jax.runs.studies import report as studies_report
 
 _ROOT = flags.DEFINE_string("root", "", "Runs directory holding sweep/, studies/, counselor_routed/.")
 _WORKDIR = flags.DEFINE_string("workdir", "", "One sweep directory written by experiments.sweep.")

@@ -13,12 +13,12 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments import common
-from gp_jax.serving import app
-from gp_jax.serving import session
+from gp_jax.runs.serving import app
+from gp_jax.runs.serving import session
 
 _CONFIG = common.define_config("experiments/configs/default.py",
                                "Only --config.* overrides are read (the workdir's config.json is "
-                               "the config); see gp_jax/serving/session.SERVE_OVERRIDABLE.")
+                               "the config); see gp_jax/runs/serving/session.SERVE_OVERRIDABLE.")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/alpha0.5", "Workdir of a training run.")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.")
 _PORT = flags.DEFINE_integer("port", 8080, "Port (0: a free one, printed at start).")

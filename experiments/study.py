@@ -4,16 +4,16 @@
   python -m experiments.study --study=ablations --config=experiments/configs/study.py:test --workdir=/tmp/abl
   python -m experiments.study --study=drift --config=experiments/configs/study.py:test --workdir=/tmp/drift
 Rerunning skips finished (variant, seed) cells and resumes interrupted training. Studies:
-phases, unseen, ablations, roles (gp_jax/studies/definitions.py), drift (gp_jax/studies/drift.py:
+phases, unseen, ablations, roles (gp_jax/runs/studies/definitions.py), drift (gp_jax/runs/studies/drift.py:
 pool events during evaluation; writes <workdir>/report.md and .png). Then: python -m experiments.report.
 """
 from absl import flags
 
 from experiments import common
-from gp_jax.baselines import sweep as sweep_lib
-from gp_jax.studies import definitions
-from gp_jax.studies import drift
-from gp_jax.studies import runner
+from gp_jax.runs import sweep as sweep_lib
+from gp_jax.runs.studies import definitions
+from gp_jax.runs.studies import drift
+from gp_jax.runs.studies import runner
 
 _CONFIG = common.define_config("experiments/configs/study.py", "Study config.")
 _STUDY = flags.DEFINE_string("study", None, "phases | unseen | ablations | roles | drift",

@@ -7,7 +7,7 @@ Rerunning the same command skips finished (alpha, seed) cells. Then: python -m e
 from absl import flags
 
 from experiments import common
-from gp_jax.baselines import sweep
+from gp_jax.runs import sweep
 
 _CONFIG = common.define_config("experiments/configs/sweep.py", "Sweep config.")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/sweep", "Sweep directory (cells, labels).")

@@ -7,7 +7,7 @@ Rerunning the same command resumes from the latest checkpoint in --workdir.
 from absl import flags
 
 from experiments import common
-from gp_jax.rl import pipeline
+from gp_jax.runs import pipeline
 
 _CONFIG = common.define_config("experiments/configs/default.py", "Run config.")
 _WORKDIR = flags.DEFINE_string("workdir", "runs/default", "Checkpoints, metrics and reports.")

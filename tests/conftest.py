@@ -31,9 +31,9 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def tiny_world():
-  from gp_jax import roles as roles_lib
+  from gp_jax.workflow import roles as roles_lib
   from gp_jax.llm import catalog as catalog_lib
-  from gp_jax.llm import simulator as sim
+  from gp_jax.sim import simulator as sim
   from gp_jax.workflow import mdp
   names = ["qwen2.5-7b-instruct", "llama3-chatqa-1.5-70b"]
   cat = catalog_lib.load_catalog().select(names)

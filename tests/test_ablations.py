@@ -11,14 +11,14 @@ import pytest
 
 from experiments.configs import test as test_config
 from gp_jax import errors
-from gp_jax import evaluation
-from gp_jax import system as system_lib
 from gp_jax.graph import features as features_lib
 from gp_jax.graph import garnet
 from gp_jax.graph import history as history_lib
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
 from gp_jax.rl import train as train_lib
+from gp_jax.runs import evaluate as evaluation
+from gp_jax.runs import system as system_lib
 
 A, F, D, M = 6, 5, 7, 4
 

@@ -16,12 +16,12 @@ from experiments.configs import default as default_config
 from experiments.configs import test as test_config
 from gp_jax import errors
 from gp_jax import files
-from gp_jax import system as system_lib
-from gp_jax import workdir_config
 from gp_jax.rl import checkpoint as checkpoint_lib
-from gp_jax.rl import pipeline
 from gp_jax.rl import rollout
 from gp_jax.rl import train as train_lib
+from gp_jax.runs import pipeline
+from gp_jax.runs import system as system_lib
+from gp_jax.runs import workdir as workdir_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TIMING = {"rollout_s", "update_s"}

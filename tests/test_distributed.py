@@ -19,8 +19,8 @@ import jax
 import numpy as np
 import pytest
 
-from gp_jax import system as system_lib
 from gp_jax.rl import train as train_lib
+from gp_jax.runs import system as system_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))

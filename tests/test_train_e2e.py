@@ -14,12 +14,12 @@ import pytest
 
 from experiments.configs import test as test_config
 from gp_jax import errors
-from gp_jax import system as system_lib
 from gp_jax.graph import history as history_lib
-from gp_jax.rl import pipeline
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
 from gp_jax.rl import train as train_lib
+from gp_jax.runs import pipeline
+from gp_jax.runs import system as system_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 TIMING = {"rollout_s", "update_s"}

@@ -35,10 +35,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.n_train = 1000            # training queries (simulated) / cap on file rows (0 = all)
   c.data.n_test = 300              # held-out test queries
   # Simulated only: end each sub-question's text with a tag derived from its key, so no result
-  # depends on what the process simulated before (gp_jax/llm/simulator.py). False restores the
+  # depends on what the process simulated before (gp_jax/sim/simulator.py). False restores the
   # untagged texts, whose rare collisions are renamed in registration order.
   c.data.sim_unique_texts = True
-  # Simulated only: pool events (gp_jax/llm/sim_events.py, docs/simulator.md). Each is off while its
+  # Simulated only: pool events (gp_jax/sim/events.py, docs/simulator.md). Each is off while its
   # llm is "". t counts root queries in the order of a followed split's stream (query "<split>-
   # <seed>-<i>" is position i); the event acts on the queries at positions >= t.
   c.data.sim_events = ml_collections.ConfigDict()

@@ -30,7 +30,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                         "qwen2.5-7b-instruct,llama-3.1-8b-instruct,gemma-2-9b-it,"
                         "llama3-chatqa-1.5-70b,llama-3.3-nemotron-super-49b-v1")   # "" = config.llms
   c.study.roles_n_test = 0 if arg == "test" else 150   # 0 = config.data.n_test
-  # Drift study (gp_jax/studies/drift.py): pool events at query drift_t of the test stream.
+  # Drift study (gp_jax/runs/studies/drift.py): pool events at query drift_t of the test stream.
   c.study.drift_events = "quality_drop,price_rise,fail,join"   # events, one cell per event and seed
   c.study.drift_llm = "qwen2.5-7b-instruct"   # LLM whose skill drops, price rises or that fails
   c.study.drift_join_llm = "llama-3.3-nemotron-super-49b-v1"   # LLM that joins (not in config.llms)

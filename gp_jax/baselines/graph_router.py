@@ -17,7 +17,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from gp_jax import _jraph_compat  # noqa: F401  (jax aliases jraph still calls)
+from gp_jax.util import jraph_compat as _jraph_compat  # noqa: F401  (jax aliases jraph still calls)
 import jraph
 
 from gp_jax import errors

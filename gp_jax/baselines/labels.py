@@ -11,7 +11,7 @@ import dataclasses
 
 import numpy as np
 
-from gp_jax.llm import simulator as sim
+from gp_jax.sim import simulator as sim
 from gp_jax.types import Query
 from gp_jax.workflow import policies
 
@@ -57,7 +57,7 @@ def collect(system, queries: list[Query], *, seed: int = 0, concurrency: int = 6
   """Runs every LLM of the pool as a direct executor on every query; returns the labels.
 
   Args:
-    system: a gp_jax.system.System (pool, action space, scorer, encoder).
+    system: a gp_jax.runs.system.System (pool, action space, scorer, encoder).
     queries: the N training queries.
     seed: sampling seed of the calls.
     concurrency: episodes in flight per LLM.

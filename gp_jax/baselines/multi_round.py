@@ -45,16 +45,16 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from gp_jax import aio
 from gp_jax import errors
 from gp_jax.baselines import regressors
-from gp_jax.evaluation import Row, optimum_rows, summarize
 from gp_jax.llm import base
 from gp_jax.llm import catalog as catalog_lib
-from gp_jax.llm import simulator as sim
 from gp_jax.rl import gae as gae_lib
 from gp_jax.rl import ppo as ppo_lib
+from gp_jax.sim import simulator as sim
+from gp_jax.sim.scoring import Row, optimum_rows, summarize
 from gp_jax.types import Query
+from gp_jax.util import aio
 from gp_jax.workflow import env as env_lib
 from gp_jax.workflow import mdp
 from gp_jax.workflow import policies

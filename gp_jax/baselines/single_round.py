@@ -16,8 +16,8 @@ import numpy as np
 from gp_jax import errors
 from gp_jax.baselines import labels as labels_lib
 from gp_jax.baselines import regressors
-from gp_jax.evaluation import Row, summarize
 from gp_jax.llm import catalog as catalog_lib
+from gp_jax.sim.scoring import Row, summarize
 from gp_jax.types import Query
 from gp_jax.workflow import mdp
 from gp_jax.workflow import policies
@@ -176,7 +176,7 @@ def evaluate_routers(system, alpha: float, routers: dict[str, Router], queries: 
   """Runs each router's choices through the environment; rows named 'router:<name>'.
 
   Args:
-    system: gp_jax.system.System.
+    system: gp_jax.runs.system.System.
     alpha: cost weight of the choice and of the reported reward.
     routers: fitted routers by name.
     queries: the B test queries.

@@ -70,7 +70,7 @@ class _LoopState:
         connector=connector, timeout=aiohttp.ClientTimeout(sock_connect=connect_timeout_s))
     # asyncio.run cancels every pending task before closing its loop: this one then closes the
     # session while the loop still runs, so `asyncio.run(pool.chat(...))` leaks no connection
-    # (gp_jax.aio does the same for its reused loop at exit). A loop holds its tasks only weakly:
+    # (gp_jax.util.aio does the same for its reused loop at exit). A loop holds its tasks only weakly:
     # _CLOSERS keeps this one alive after the pool is dropped, until its loop cancels it.
     self.closer = self.loop.create_task(self._close_when_cancelled())
     _CLOSERS.add(self.closer)

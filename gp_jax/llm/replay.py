@@ -12,7 +12,7 @@ Modes:
               with these prompts or params: a misconfiguration, not a backend fault). No inner pool
               is needed.
 
-Safe with several writer processes: WAL journal (opened with retries, gp_jax/sqlite_wal.py), a
+Safe with several writer processes: WAL journal (opened with retries, gp_jax/util/sqlite_wal.py), a
 busy timeout, and insert-if-absent, after which the stored row (whichever process wrote it first)
 is what every caller gets. Concurrent identical calls in one process share one inner call.
 """
@@ -30,8 +30,8 @@ import time
 from typing import Sequence
 
 from gp_jax import errors
-from gp_jax import sqlite_wal
 from gp_jax.llm import base
+from gp_jax.util import sqlite_wal
 
 MODES = ("off", "read-write", "read-only")
 _SCHEMA = """CREATE TABLE IF NOT EXISTS completions (

@@ -18,12 +18,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from gp_jax import aio
 from gp_jax import errors
 from gp_jax import files
 from gp_jax import progress as progress_lib
-from gp_jax import system as system_lib
-from gp_jax import workdir_config
 from gp_jax.graph import features as features_lib
 from gp_jax.graph import garnet as garnet_lib
 from gp_jax.graph import history as history_lib
@@ -32,6 +29,9 @@ from gp_jax.rl import gae as gae_lib
 from gp_jax.rl import parallel
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
+from gp_jax.runs import system as system_lib
+from gp_jax.runs import workdir as workdir_config
+from gp_jax.util import aio
 
 
 def batch_size_for(episodes_per_iter: int, max_calls: int, num_minibatches: int,
@@ -143,7 +143,7 @@ class MetricsLog:
 
 HISTORY_MODES = ("transductive", "inductive", "summary", "retrieval")
 SCHEDULES = ("constant", "linear")   # ppo.lr_schedule and ppo.entropy_schedule
-# Config fields a resumed training run may change (gp_jax/workdir_config.py).
+# Config fields a resumed training run may change (gp_jax/runs/workdir.py).
 TRAIN_CONFIG_FREE = ("sweep", "study", "eval", "train.checkpoint_every", "parallel")
 
 

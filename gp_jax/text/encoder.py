@@ -17,7 +17,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from gp_jax import errors
-from gp_jax import sqlite_wal
+from gp_jax.util import sqlite_wal
 
 # What to do about a damaged embedding cache (the message of its DataError ends with this).
 _REMEDY = "restore it from a copy, or move it away (its vectors are then computed again)"

@@ -2,7 +2,7 @@
 
 State: the tree of query nodes of one episode, the node under resolution, counters.
 Action: index = role_idx * K + llm_idx over the selected roles x LLMs.
-Transitions (by role kind, see gp_jax/roles.py):
+Transitions (by role kind, see gp_jax/workflow/roles.py):
   planner    on a pending node: its output lines become 1..max_width children; the node becomes
              'planning'; control moves to the first child.
   executor   on a pending node: the node is answered ('completed'); control moves to the next
@@ -29,7 +29,7 @@ from typing import Sequence
 import numpy as np
 
 from gp_jax import errors
-from gp_jax import roles as roles_lib
+from gp_jax.workflow import roles as roles_lib
 
 PENDING, PLANNING, COMPLETED = "pending", "planning", "completed"
 

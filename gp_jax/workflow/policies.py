@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncio
 from typing import Callable, Protocol
 
-from gp_jax import aio
+from gp_jax.util import aio
 
 import numpy as np
 

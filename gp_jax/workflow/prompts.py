@@ -1,8 +1,8 @@
 """Messages for each role call, built from the role templates and the workflow tree."""
 from __future__ import annotations
 
-from gp_jax import roles as roles_lib
 from gp_jax.workflow import mdp
+from gp_jax.workflow import roles as roles_lib
 
 
 def children_block(state: mdp.WorkflowState, node: mdp.Node) -> str:

@@ -8,10 +8,10 @@ import pytest
 
 from experiments.configs import sweep as sweep_config
 from gp_jax import errors
-from gp_jax import system as system_lib
 from gp_jax.baselines import multi_round as mr
-from gp_jax.baselines import sweep
 from gp_jax.llm import base
+from gp_jax.runs import sweep
+from gp_jax.runs import system as system_lib
 from gp_jax.workflow import mdp
 from gp_jax.workflow import policies
 

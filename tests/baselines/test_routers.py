@@ -4,13 +4,13 @@ import pytest
 
 from experiments.configs import test as test_config
 from gp_jax import errors
-from gp_jax import evaluation
-from gp_jax import system as system_lib
 from gp_jax.baselines import labels as labels_lib
 from gp_jax.baselines import regressors
 from gp_jax.baselines import routerdc
 from gp_jax.baselines import single_round
 from gp_jax.llm import catalog as catalog_lib
+from gp_jax.runs import evaluate as evaluation
+from gp_jax.runs import system as system_lib
 
 LEARNED = ["knn", "linear", "mlp"]
 ON_SIMULATOR = LEARNED + ["graph", "routerdc"]

@@ -7,9 +7,9 @@ from typing import Callable
 
 import pytest
 
-from gp_jax.counselor import functions
-from gp_jax.counselor import generator
-from gp_jax.counselor import prompts
+from gp_jax.counselor.agents import prompts
+from gp_jax.counselor.kg import functions
+from gp_jax.counselor.synth import generator
 from gp_jax.llm import base
 from gp_jax.llm import catalog as catalog_lib
 from gp_jax.text import encoder as encoder_lib

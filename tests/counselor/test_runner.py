@@ -8,8 +8,8 @@ import sys
 import pytest
 from absl import flags
 
-from gp_jax.counselor import agents
-from gp_jax.counselor import experiment
+from gp_jax.counselor.agents import loop as agents
+from gp_jax.runs import counselor as experiment
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RUNNER = ROOT / "experiments" / "counselor.py"

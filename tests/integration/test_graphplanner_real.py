@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from experiments.configs import test as test_config
-from gp_jax import system as system_lib
 from gp_jax.graph import history as history_lib
 from gp_jax.llm import base
 from gp_jax.llm import catalog as catalog_lib
@@ -24,6 +23,7 @@ from gp_jax.llm import replay
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
 from gp_jax.rl import train as train_lib
+from gp_jax.runs import system as system_lib
 from gp_jax.types import Query
 from gp_jax.workflow import env as env_lib
 from gp_jax.workflow import reward as reward_lib

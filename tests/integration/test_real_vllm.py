@@ -77,7 +77,7 @@ def test_real_client_error_is_not_retried(vllm_backend):
 
 
 def test_real_graph_counselor_trial(vllm_backend):
-  from gp_jax.counselor import experiment
+  from gp_jax.runs import counselor as experiment
   model = vllm_backend.llm_names[0]
   pred = asyncio.run(experiment.sample_trial(vllm_backend.make_pool(timeout_s=180.0), model,
                                              max_steps=2))

@@ -13,14 +13,14 @@ import pytest
 
 from experiments.configs import test as test_config
 from gp_jax.llm import catalog as catalog_lib
-from gp_jax.serving import process
-from gp_jax.serving import store
+from gp_jax.runs.serving import process
+from gp_jax.runs.serving import store
 
 pytestmark = pytest.mark.integration
 
 
 def test_one_request_through_serve_router_to_vllm(vllm_backend, tmp_path):
-  from gp_jax.rl import pipeline
+  from gp_jax.runs import pipeline
   config = test_config.get_config()
   workdir = tmp_path / "router"
   pipeline.train_and_evaluate(config, workdir, evaluate=False, verbose=False)

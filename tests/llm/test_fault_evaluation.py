@@ -10,13 +10,13 @@ import json
 import pytest
 
 from experiments.configs import test as test_config
-from gp_jax import system as system_lib
 from gp_jax.llm import catalog as catalog_lib
 from gp_jax.llm import openai_pool
 from gp_jax.llm import testing_server
+from gp_jax.runs import system as system_lib
 from tests.llm.faults import POOL_KIND, deadline
-from gp_jax.rl import pipeline
 from gp_jax.rl import train as train_lib
+from gp_jax.runs import pipeline
 
 LIMIT_S = 150   # far above the ~20 s this takes; only there to turn a hang into a failure
 

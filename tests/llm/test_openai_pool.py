@@ -259,8 +259,8 @@ def test_fake_server_as_subprocess(catalog):
 
 _EXIT_SCRIPT = """
 import gc
-from gp_jax import aio
 from gp_jax.llm import base, catalog as catalog_lib, openai_pool, testing_server
+from gp_jax.util import aio
 with testing_server.FakeOpenAIServer(models=("m",)) as srv:
   pool = openai_pool.OpenAIPool(catalog_lib.load_catalog(),
                                 {"qwen2.5-7b-instruct": [{"base_url": srv.url, "model": "m"}]})
@@ -274,7 +274,7 @@ print("done")
 
 
 def test_unclosed_pool_on_the_reused_loop_exits_without_warnings():
-  """A pool used through gp_jax.aio and never closed: its session is closed at exit, silently."""
+  """A pool used through gp_jax.util.aio and never closed: its session is closed at exit, silently."""
   repo = pathlib.Path(__file__).resolve().parents[2]
   p = subprocess.run([sys.executable, "-c", _EXIT_SCRIPT], cwd=repo, capture_output=True,
                      text=True, timeout=120)

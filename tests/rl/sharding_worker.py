@@ -11,10 +11,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from experiments.configs import test as test_config
-from gp_jax import system as system_lib
 from gp_jax.graph import history as history_lib
 from gp_jax.rl import rollout
 from gp_jax.rl import train as train_lib
+from gp_jax.runs import system as system_lib
 
 
 def update_params(devices: int, history_capacity: int):

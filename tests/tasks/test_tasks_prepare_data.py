@@ -278,7 +278,7 @@ def _umask():
 
 @pytest.mark.parametrize("mask", [0o022, 0o002, 0o077])
 def test_atomic_writes_honour_the_umask(tmp_path, mask):
-  from gp_jax.counselor import graph_store
+  from gp_jax.counselor.kg import graph_store
   from gp_jax.llm import endpoints
   old = os.umask(mask)
   try:

@@ -1,0 +1,267 @@
+"""The routed Graph Counselor experiment: a trained router vs one fixed LLM for every agent.
+
+Per seed s: the questions are shuffled with s and split into n_train training and n_test test
+questions; a router (routing.py) is trained with PPO on the training questions against the
+simulated counselor backend (sim_pool.py, draws seeded from s); then the routed counselor
+(greedy) and Graph Counselor with each single LLM for all five agent kinds answer the test
+questions on one evaluation pool (same seed for every method). Per method: mean exact match, mean
+$ per question, calls per question, and the reward U - alpha * C (C in milli-dollars).
+
+Each finished seed is written to <workdir>/seeds/seed_<s>.json with the experiment's settings;
+a rerun skips those seeds (and refuses a workdir holding results of other settings), then writes
+<workdir>/results.json and <workdir>/results.md (mean +- std over the seeds).
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+import pathlib
+import time
+from typing import Callable, Sequence
+
+import numpy as np
+
+from gp_jax import errors
+from gp_jax.counselor.agents import records
+from gp_jax.counselor.eval import metrics
+from gp_jax.counselor.kg import data as data_lib
+from gp_jax.counselor.kg import functions as functions_lib
+from gp_jax.counselor.kg import graph_store
+from gp_jax.counselor.synth import generator
+from gp_jax.counselor.synth import sim_pool as sim_pool_lib
+from gp_jax.llm import catalog as catalog_lib
+from gp_jax.sim import simulator
+from gp_jax.text import encoder as encoder_lib
+from gp_jax.workflow import reward as reward_lib
+
+ROUTED = "routed"
+
+
+@dataclasses.dataclass(frozen=True)
+class ExperimentConfig:
+  """Everything that decides a seed's numbers (the workdir fingerprint)."""
+  domain: str = "academic"
+  size: str = "small"
+  graph_seed: int = 0
+  per_template: int = 20
+  graph: str = ""               # a GRBench graph.json instead of a generated one
+  questions: str = ""           # its questions (with gold plans)
+  n_train: int = 150
+  n_test: int = 70
+  llms: tuple[str, ...] = ()    # () = the catalog's training LLMs
+  catalog: str = ""
+  alpha: float = 0.05
+  episodes: int = 3200
+  batch_questions: int = 32
+  learning_rate: float = 1e-3
+  entropy_coef: float = 0.02
+  gae_lambda: float = 0.8
+  max_steps: int = 10
+  max_reflect: int = 2
+  skill_domain: str = sim_pool_lib.SKILL_DOMAIN
+  skill_scale: float = sim_pool_lib.SKILL_SCALE
+  encoder: str = "hashing"
+
+  def validate(self) -> "ExperimentConfig":
+    if not (math.isfinite(self.alpha) and self.alpha >= 0):
+      raise errors.ConfigError(f"--alpha must be a finite number >= 0, got {self.alpha}")
+    if self.n_train < 1 or self.n_test < 1:
+      raise errors.ConfigError(f"--n_train and --n_test must be >= 1, got {self.n_train}, "
+                               f"{self.n_test}")
+    if self.episodes < 1 or self.batch_questions < 1 or self.per_template < 1:
+      raise errors.ConfigError("--episodes, --batch_questions and --per_template must be >= 1")
+    if self.max_steps < 1 or self.max_reflect < 0:
+      raise errors.ConfigError("--max_steps must be >= 1 and --max_reflect >= 0")
+    if bool(self.graph) != bool(self.questions):
+      raise errors.ConfigError("--graph and --questions go together")
+    if not self.graph and self.domain not in generator.DOMAINS:
+      raise errors.unknown_name("domain", self.domain, generator.DOMAINS)
+    if len(set(self.llms)) != len(self.llms):
+      raise errors.ConfigError(f"--llms names an LLM twice: {list(self.llms)}")
+    return self
+
+  def to_json(self) -> dict:
+    d = dataclasses.asdict(self)
+    d["llms"] = list(self.llms)
+    return d
+
+
+def load_catalog(cfg: ExperimentConfig) -> catalog_lib.Catalog:
+  """The catalog restricted to the experiment's LLMs (unknown names: ConfigError)."""
+  full = catalog_lib.load_catalog(cfg.catalog) if cfg.catalog else catalog_lib.load_catalog()
+  names = list(cfg.llms) or catalog_lib.training_names(full)
+  return full.select(names)
+
+
+def load_data(cfg: ExperimentConfig) -> tuple[graph_store.KnowledgeGraph,
+                                              list[data_lib.GraphQuestion]]:
+  if cfg.graph:
+    return graph_store.load_graph(cfg.graph), data_lib.load_questions(cfg.questions)
+  return generator.generate_dataset(cfg.domain, cfg.size, cfg.graph_seed, cfg.per_template)
+
+
+def split(questions: Sequence[data_lib.GraphQuestion], cfg: ExperimentConfig, seed: int):
+  if cfg.n_train + cfg.n_test > len(questions):
+    raise errors.ConfigError(f"--n_train + --n_test = {cfg.n_train + cfg.n_test} exceeds the "
+                             f"{len(questions)} questions (raise --per_template or --size)")
+  perm = np.random.default_rng([seed, 11]).permutation(len(questions))
+  train = [questions[i] for i in perm[:cfg.n_train]]
+  test = [questions[i] for i in perm[cfg.n_train:cfg.n_train + cfg.n_test]]
+  return train, test
+
+
+def counselor_settings(cfg: ExperimentConfig) -> dict:
+  return {"max_steps": cfg.max_steps, "max_reflect": cfg.max_reflect}
+
+
+def score_results(test, results, alpha: float) -> dict:
+  """Mean EM, $ per question, calls per question and reward of one method's test results."""
+  em = [metrics.exact_match(r.final_answer, q.answer) for q, r in zip(test, results)]
+  cost = [r.cost_usd for r in results]
+  return {"em": float(np.mean(em)), "cost_usd_per_q": float(np.mean(cost)),
+          "calls_per_q": float(np.mean([r.n_calls for r in results])),
+          "reward": float(np.mean(em) - alpha * reward_lib.cost_units(float(np.mean(cost))))}
+
+
+def run_seed(cfg: ExperimentConfig, seed: int, *, concurrency: int = 8,
+             log: Callable[[str], None] = print) -> dict:
+  """Trains and evaluates one seed; returns its JSON record (module docstring)."""
+  from gp_jax.counselor.routing import router as routing  # JAX: imported only when a seed runs
+
+  t0 = time.perf_counter()
+  catalog = load_catalog(cfg)
+  graph, questions = load_data(cfg)
+  train_q, test_q = split(questions, cfg, seed)
+  enc = encoder_lib.make_encoder(cfg.encoder)
+  funcs = functions_lib.make_functions(graph, enc)
+  pool = sim_pool_lib.SimCounselorPool(catalog, questions, seed=seed,
+                                       skill_domain=cfg.skill_domain, skill_scale=cfg.skill_scale)
+  settings = counselor_settings(cfg)
+  router = routing.make_router(
+      catalog=catalog, llms=catalog.names, encoder=enc, seed=seed, counselor_settings=settings,
+      cfg=routing.RouterConfig(learning_rate=cfg.learning_rate, entropy_coef=cfg.entropy_coef,
+                               gae_lambda=cfg.gae_lambda))
+  log(f"seed {seed}: {len(graph)} nodes, {len(train_q)} train / {len(test_q)} test questions, "
+      f"{len(catalog)} LLMs; training {cfg.episodes} episodes")
+  t1 = time.perf_counter()
+  history = routing.train(router, train_q, funcs=funcs, pool=pool, counselor_settings=settings,
+                          settings=routing.TrainSettings(alpha=cfg.alpha, episodes=cfg.episodes,
+                                                         batch_questions=cfg.batch_questions,
+                                                         concurrency=concurrency),
+                          seed=seed, log=log)
+  train_s = time.perf_counter() - t1
+  eval_pool = pool.with_seed(1_000_003 + seed)
+  methods = {}
+  t2 = time.perf_counter()
+  selector = router.selector()
+  selectors = [(ROUTED, selector)] + [(m, records.fixed_selector(m)) for m in catalog.names]
+  for name, sel in selectors:
+    results = asyncio.run(routing.run_episodes(test_q, select_llm=sel, funcs=funcs, pool=eval_pool,
+                                               counselor_settings=settings,
+                                               concurrency=concurrency))
+    methods[name] = score_results(test_q, results, cfg.alpha)
+  eval_s = time.perf_counter() - t2
+  r = methods[ROUTED]
+  log(f"seed {seed}: routed EM {r['em']:.3f}, $/q {r['cost_usd_per_q']:.5f}; train {train_s:.0f}s, "
+      f"eval {eval_s:.0f}s")
+  stride = max(1, len(history) // 20)
+  return {"seed": seed, "config": cfg.to_json(), "methods": methods,
+          "routed_choices": selector.choices,
+          "train_log": history[::stride] + ([history[-1]] if (len(history) - 1) % stride else []),
+          "train_s": train_s, "eval_s": eval_s, "wall_s": time.perf_counter() - t0}
+
+
+def aggregate(cfg: ExperimentConfig, runs: Sequence[dict]) -> dict:
+  """Mean and std over seeds of each method's metrics."""
+  names = list(runs[0]["methods"])
+  out = {}
+  for name in names:
+    row = {}
+    for key in ("em", "cost_usd_per_q", "calls_per_q", "reward"):
+      xs = [r["methods"][name][key] for r in runs]
+      row[key] = {"mean": float(np.mean(xs)), "std": float(np.std(xs))}
+    out[name] = row
+  choices: dict[str, dict[str, int]] = {}
+  for r in runs:
+    for kind, counts in r["routed_choices"].items():
+      for m, n in counts.items():
+        choices.setdefault(kind, {})[m] = choices.setdefault(kind, {}).get(m, 0) + n
+  return {"config": cfg.to_json(), "seeds": [r["seed"] for r in runs], "methods": out,
+          "routed_choices": choices,
+          "wall_s_per_seed": float(np.mean([r["wall_s"] for r in runs]))}
+
+
+def markdown(summary: dict) -> str:
+  """The results table: routed first, then the fixed LLMs by $ per question."""
+  cfg = summary["config"]
+  m = summary["methods"]
+  order = [ROUTED] + sorted((k for k in m if k != ROUTED), key=lambda k: m[k]["cost_usd_per_q"]["mean"])
+
+  def pm(x, scale=1.0, digits=1):
+    return f"{x['mean'] * scale:.{digits}f} +- {x['std'] * scale:.{digits}f}"
+  lines = [f"Routed Graph Counselor vs one fixed LLM for all agents: {cfg['domain'] if not cfg['graph'] else cfg['graph']}"
+           f" graph, {cfg['n_train']} train / {cfg['n_test']} test questions, alpha = "
+           f"{cfg['alpha']}, {cfg['episodes']} training episodes, seeds {summary['seeds']} "
+           "(mean +- std over seeds; simulated counselor backend).", "",
+           "| method | EM (%) | $ per 1k questions | calls / question | U - alpha C |",
+           "|---|---|---|---|---|"]
+  for k in order:
+    label = f"**{k}**" if k == ROUTED else k
+    lines.append(f"| {label} | {pm(m[k]['em'], 100)} | {pm(m[k]['cost_usd_per_q'], 1000, 2)} | "
+                 f"{pm(m[k]['calls_per_q'])} | {pm(m[k]['reward'], 1, 3)} |")
+  lines += ["", "Routed choices on the test questions (calls per agent kind and LLM, all seeds):", ""]
+  for kind, counts in summary["routed_choices"].items():
+    total = sum(counts.values())
+    if total:
+      parts = ", ".join(f"{mname} {100 * n / total:.0f}%" for mname, n in
+                        sorted(counts.items(), key=lambda kv: -kv[1]))
+      lines.append(f"- {kind}: {parts}")
+  return "\n".join(lines) + "\n"
+
+
+def run(cfg: ExperimentConfig, seeds: Sequence[int], workdir: str, *, concurrency: int = 8,
+        log: Callable[[str], None] = print) -> dict:
+  """Runs the missing seeds, then writes results.json and results.md; returns the summary."""
+  cfg.validate()
+  if not seeds:
+    raise errors.ConfigError("--seeds names no seed")
+  if len(set(seeds)) != len(seeds):
+    raise errors.ConfigError(f"--seeds repeats a seed: {list(seeds)}")
+  if concurrency < 1:
+    raise errors.ConfigError(f"--concurrency must be >= 1, got {concurrency}")
+  if not workdir:
+    raise errors.ConfigError("--workdir is required")
+  catalog = load_catalog(cfg)  # unknown LLMs fail before any work
+  profiles = simulator.load_profiles(catalog)
+  for name, prof in profiles.items():
+    if cfg.skill_domain not in prof.theta:
+      raise errors.unknown_name("simulator domain", cfg.skill_domain, prof.theta)
+  root = pathlib.Path(workdir)
+  runs = []
+  for seed in seeds:
+    path = root / "seeds" / f"seed_{seed}.json"
+    if path.exists():
+      done = errors.read_json(path, "seed result")
+      if done.get("config") != cfg.to_json():
+        raise errors.ConfigError(f"{path} holds results of other settings; use another --workdir "
+                                 "or delete it")
+      log(f"seed {seed}: done already ({path})")
+    else:
+      done = run_seed(cfg, seed, concurrency=concurrency, log=log)
+      graph_store.write_json_atomic(path, done)
+    runs.append(done)
+  summary = aggregate(cfg, runs)
+  graph_store.write_json_atomic(root / "results.json", summary)
+  table = markdown(summary)
+  graph_store.write_lines_atomic(root / "results.md", table.rstrip("\n").split("\n"))
+  log(table)
+  return summary
+
+
+def parse_seeds(text: str) -> list[int]:
+  try:
+    return [int(s) for s in text.split(",") if s.strip()]
+  except ValueError:
+    raise errors.ConfigError(f"--seeds must be comma-separated integers, got {text!r}") from None
+

@@ -1,0 +1,577 @@
+"""A trained router serving requests: its workflow per request, batched decisions, growing memory.
+
+`RouterSession` loads a training workdir (the config it recorded, its best checkpoint, the
+history memory saved with it) and serves queries:
+
+  request -> one episode of the routing MDP over the LLM pool, greedy decisions by GARNet
+  -> the root's final answer, every call (role, LLM, tokens, $ cost, latency), usage and cost.
+
+Concurrency (host side, one asyncio loop): every in-flight request puts its observation into a
+`DecisionBatcher`, which scores all observations waiting at that moment with one call of the
+jitted batched policy (rl/rollout.PolicyRunner, batch padded to a few fixed sizes so it compiles
+once per size) and hands each request its action; LLM calls go through the pool (the simulator,
+or the OpenAI-compatible pool with its limits, retries and replicas).
+
+Memory: decisions read the history memory (per-hub sums in the transductive mode). A served
+request joins it when its outcome is known: `feedback(id, score)` turns the request's calls into
+history rows with utility = score (as a training episode's calls join with their utility), the
+oldest rows beyond history_capacity are evicted, and the rows are appended to the memory file's
+journal and fsynced before the feedback is acknowledged (serving/store.MemoryFile: base snapshot
+replaced atomically + journal). Later decisions read the new rows. The memory starts from the
+checkpoint's history (the training episodes) or, when the memory file exists, from that file.
+
+The library part takes explicit arguments; `load_config` is the one place that reads a recorded
+config (and refuses command-line overrides of fields that changed what was trained).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import dataclasses
+import pathlib
+import time
+import types
+import uuid
+
+import jax
+import ml_collections
+import numpy as np
+
+from gp_jax import errors
+from gp_jax.graph import features as features_lib
+from gp_jax.graph import history as history_lib
+from gp_jax.llm import base
+from gp_jax.rl import rollout
+from gp_jax.rl import train as train_lib
+from gp_jax.runs import system as system_lib
+from gp_jax.runs import workdir as workdir_config
+from gp_jax.runs.serving import store
+from gp_jax.sim import simulator as sim
+from gp_jax.types import Query
+from gp_jax.workflow import env as env_lib
+from gp_jax.workflow import mdp
+from gp_jax.workflow import prompts
+
+ROUTER_MODEL = "graphplanner"
+# Config fields a served workdir may take from the command line: where backbones are and how
+# long to wait for them, caches, replay, and the output cap of each call. Anything else changes
+# the trained router and is refused.
+SERVE_OVERRIDABLE = ("backend", "endpoints_file", "request_timeout_s", "replay", "text.cache",
+                     "compile_cache", "sampling.max_tokens")
+BATCH_BUCKETS = (1, 8, 64)       # padded decision batch sizes (one compilation each)
+DEFAULT_SIM_TASK = "mmlu"        # the broadest simulated task family (multi-subject questions)
+
+
+class RequestError(Exception):
+  """A request the server answers with an OpenAI-format error (HTTP status, message, code)."""
+
+  def __init__(self, status: int, message: str, code: str, param: str | None = None):
+    super().__init__(message)
+    self.status, self.message, self.code, self.param = status, message, code, param
+
+
+# ---- config --------------------------------------------------------------------------------------
+def _unflatten(flat: dict) -> ml_collections.ConfigDict:
+  tree: dict = {}
+  for key, value in flat.items():
+    node = tree
+    *parents, leaf = key.split(".")
+    for p in parents:
+      node = node.setdefault(p, {})
+    node[leaf] = value
+  return ml_collections.ConfigDict(tree)
+
+
+def _overridable(key: str) -> bool:
+  return any(key == p or key.startswith(p + ".") for p in SERVE_OVERRIDABLE)
+
+
+def load_config(workdir, overrides: dict | None = None) -> ml_collections.ConfigDict:
+  """The config a training workdir recorded, with runtime overrides applied.
+
+  Args:
+    workdir: a training run's directory (config.json, checkpoints/).
+    overrides: {dotted field: value} given on the command line (--config.backend=...).
+  Raises:
+    ConfigError: no recorded config, or an override of a field that changes the trained router.
+  """
+  path = pathlib.Path(workdir) / workdir_config.CONFIG_FILE
+  if not path.exists():
+    raise errors.ConfigError(f"{workdir} has no {workdir_config.CONFIG_FILE}: not a training "
+                             "workdir (train it with experiments/train.py first)")
+  flat = errors.read_json(path, "recorded training config")
+  if not isinstance(flat, dict):
+    raise errors.ConfigError(f"{path}: not a config record (expected a JSON object)")
+  for key, value in (overrides or {}).items():
+    if not _overridable(key):
+      raise errors.ConfigError(
+          f"--config.{key} changes the trained router; a served workdir keeps its recorded "
+          f"value ({flat.get(key, '<absent>')!r}). Overridable when serving: "
+          f"{', '.join(SERVE_OVERRIDABLE)}")
+    if isinstance(value, (tuple, list)):
+      value = list(value)
+    flat[key] = value
+  return _unflatten(flat)
+
+
+# ---- batched decisions ---------------------------------------------------------------------------
+class DecisionBatcher:
+  """Collects the observations of all in-flight requests and scores them in one jitted call."""
+
+  def __init__(self, runner: rollout.PolicyRunner, buckets: tuple[int, ...],
+               index: features_lib.RetrievalIndex | None = None,
+               history: history_lib.HistoryMemory | None = None):
+    self.runner, self.buckets = runner, tuple(sorted(buckets))
+    self.index, self.history = index, history
+    self._pending: list[tuple[dict, np.ndarray, asyncio.Future]] = []
+    self._wake: asyncio.Event | None = None
+    self._task: asyncio.Task | None = None
+    self._key = jax.random.PRNGKey(0)   # greedy decisions: the key is never used
+    self.calls = 0
+    self.decisions = 0
+    self.act_s = 0.0
+
+  def bucket(self, n: int) -> int:
+    return next(b for b in self.buckets if b >= n)
+
+  def warm_up(self, obs: dict, query_emb: np.ndarray) -> None:
+    """Compiles the policy for every batch size before the first request."""
+    for b in self.buckets:
+      self._act([obs] * b, [query_emb] * b)
+
+  def _act(self, obs: list[dict], q_embs: list[np.ndarray]) -> np.ndarray:
+    if self.index is not None:   # retrieval ablation: the k nearest history rows per query
+      if self.history is not None:
+        self.index.sync(self.history.rows, self.history.hubs)
+      obs = [dict(o) for o in obs]
+      for o, extra in zip(obs, self.index.fields(np.stack(q_embs))):
+        o.update(extra)
+    batch = features_lib.stack(obs, pad_to=self.bucket(len(obs)))
+    actions, _, _ = self.runner.act(batch, self._key, True)
+    return actions[:len(obs)]
+
+  async def decide(self, obs: dict, query_emb: np.ndarray) -> tuple[int, float]:
+    """The greedy action for one observation (awaits the next batched policy call), and this
+    observation's share of that call's time (seconds / batch size)."""
+    if self._task is None or self._task.done():
+      self._wake = asyncio.Event()
+      self._task = asyncio.get_running_loop().create_task(self._serve())
+    fut = asyncio.get_running_loop().create_future()
+    self._pending.append((obs, query_emb, fut))
+    self._wake.set()
+    return await fut
+
+  async def _serve(self) -> None:
+    while True:
+      await self._wake.wait()
+      await asyncio.sleep(0)   # requests whose LLM call finished this tick join the batch
+      self._wake.clear()
+      take = self.buckets[-1]
+      batch, self._pending = self._pending[:take], self._pending[take:]
+      if self._pending:
+        self._wake.set()
+      batch = [b for b in batch if not b[2].done()]   # cancelled (timed-out) requests
+      if not batch:
+        continue
+      t0 = time.perf_counter()
+      try:
+        actions = self._act([b[0] for b in batch], [b[1] for b in batch])
+      except Exception as e:   # surfaced to every waiting request, the batcher keeps serving
+        for _, _, fut in batch:
+          if not fut.done():
+            fut.set_exception(e)
+        continue
+      dt = time.perf_counter() - t0
+      self.act_s += dt
+      self.calls += 1
+      self.decisions += len(batch)
+      for (_, _, fut), a in zip(batch, actions):
+        if not fut.done():
+          fut.set_result((int(a), dt / len(batch)))
+
+  async def aclose(self) -> None:
+    if self._task is not None:
+      self._task.cancel()
+      try:
+        await self._task
+      except asyncio.CancelledError:
+        pass
+
+
+# ---- the session -------------------------------------------------------------------------------
+@dataclasses.dataclass
+class Served:
+  """One answered request: the answer and the record logged for it (store.RouteLog)."""
+  answer: str
+  record: dict
+
+
+def _usage(calls: list[dict]) -> dict:
+  p = sum(c["input_tokens"] for c in calls)
+  c_ = sum(c["output_tokens"] for c in calls)
+  return dict(prompt_tokens=p, completion_tokens=c_, total_tokens=p + c_)
+
+
+def _call_record(c: mdp.Call) -> dict:
+  return dict(step=c.step, role=c.role, llm=c.llm, action=c.action, node=c.node,
+              input_text=c.input_text, output_text=c.output_text, input_tokens=c.input_tokens,
+              output_tokens=c.output_tokens, cost_usd=c.cost_usd, latency_s=c.latency_s,
+              error=c.error)
+
+
+class RouterSession:
+  """A trained router ready to serve (see the module docstring).
+
+  Args:
+    config: the workdir's recorded config (`load_config`).
+    workdir: the training run (best checkpoint, else latest).
+    max_concurrency: requests whose workflows run at once (others wait for a slot); also the
+      largest decision batch.
+    memory_path: the memory file (None: the memory lives in RAM only).
+    route_log: the route log file (None: in RAM only).
+    default_task: task family of requests without a task hint (None: the backend's default).
+    pool: an LLM pool to use instead of the configured backend (tests).
+  """
+
+  def __init__(self, config, workdir, *, max_concurrency: int = 64, memory_path=None,
+               route_log=None, default_task: str | None = None, pool: base.LLMPool | None = None):
+    if max_concurrency < 1:
+      raise errors.ConfigError(f"--max_concurrency must be >= 1, got {max_concurrency}")
+    train_lib.enable_compile_cache(config.get("compile_cache", ""))
+    self.workdir = pathlib.Path(workdir)
+    self.system = system = system_lib.build(config, pool=pool)
+    self.pool = system.pool
+    self.world = system.world if system_lib._serves_simulator(system.pool) else None
+    self.alpha = float(config.alpha)
+    self.mode = config.model.history
+    self.featurizer = system.featurizer
+    self.space = system.space
+    self.model, self.params, self.history = train_lib.load_router(config, workdir, system)
+    self.history.capacity = int(config.model.history_capacity)
+    self.simulated = config.data.source == "simulated"
+    self.tasks = list(sim.TASKS) if self.simulated else _file_tasks()
+    self.default_task = default_task or (DEFAULT_SIM_TASK if self.simulated
+                                         else system.train_queries[0].task_name)
+    if self.default_task not in self.tasks:
+      raise errors.unknown_name("task", self.default_task, self.tasks)
+    self.env = env_lib.WorkflowEnv(system.space, system.mdp_cfg, system.pool, alpha=self.alpha,
+                                   describe=self.describe, scorer=lambda answer, q: 0.0,
+                                   sampling=system.sampling)
+    executors = system.space.roles.indices_of_kind("executor")
+    self.executor = system.space.roles.roles[executors[0]]
+
+    # Memory: the file when it exists, else the checkpoint's history (training episodes).
+    self.memory_path = pathlib.Path(memory_path) if memory_path else None
+    # A new base every capacity/4 journal rows: the whole-memory rewrite costs about 4 appended
+    # rows' bytes per appended row, and a restart replays at most a quarter of the capacity.
+    self.memfile = (store.MemoryFile(self.memory_path, row_dim=self.featurizer.spec.row_dim,
+                                     num_hubs=self.space.size,
+                                     compact_rows=max(4096, self.history.capacity // 4))
+                    if self.memory_path is not None else None)
+    self.feedback_ids: collections.OrderedDict[str, None] = collections.OrderedDict()
+    self.served_rows = 0
+    self._seq = 0                  # feedback records so far (journal sequence number)
+    self._pending: list = []       # feedback records not yet on disk
+    restored = self.memfile.load() if self.memfile is not None else None
+    if restored is not None:
+      rows, hubs, header, records = restored
+      self.history.load_state_dict({"rows": rows, "hubs": hubs})
+      self.feedback_ids.update((i, None) for i in header.get("feedback_ids", []))
+      self.served_rows = int(header.get("served_rows", 0))
+      self._seq = int(header.get("seq", 0))
+      for seq, r, h, rid in records:   # acknowledged feedback since the base, in order
+        self.history.add(r, h)
+        self.feedback_ids[rid] = None
+        self.served_rows += len(r)
+        self._seq = seq
+      self.history.evict()
+    self.memory_restored = restored is not None
+    self.reads_memory = self.mode != "inductive"
+    self.routes = store.RouteLog(route_log)
+
+    self.runner = rollout.PolicyRunner(self.model, self.featurizer.hub_features,
+                                       max(BATCH_BUCKETS), featurizer=self.featurizer)
+    self.runner.set_params(self.params, self.history if self.reads_memory else None)
+    self._evicted_since_sync = 0
+    self.max_concurrency = max_concurrency
+    buckets = tuple(b for b in BATCH_BUCKETS if b < max_concurrency) + (max_concurrency,)
+    self.batcher = DecisionBatcher(self.runner, buckets, index=self._new_index(),
+                                   history=self.history if self.reads_memory else None)
+    q = self.make_query("warm-up question", self.default_task)
+    t_emb, q_emb = self.featurizer.encoder.encode([self.describe(q)[0], q.query])
+    state = self.env.reset(q)
+    self.batcher.warm_up(self.featurizer.observe(
+        state, t_emb, q_emb, np.zeros((0, self.featurizer.spec.row_dim), np.float32),
+        self.env.mask(state)), q_emb)
+    self._slots: asyncio.Semaphore | None = None
+    self._write_lock: asyncio.Lock | None = None
+    self.in_flight = 0
+    self.counters = collections.Counter()
+    if self.memfile is not None and restored is None:
+      # The file exists from the start (the checkpoint's history).
+      self.memfile.write_base(*self._snapshot(), seq=0)
+
+  # ---- queries ---------------------------------------------------------------------------------
+  def describe(self, q: Query) -> tuple[str, str]:
+    """(task description, answer format) of the task family a request named."""
+    if self.simulated:
+      return system_lib.sim_describe(q)
+    from gp_jax.tasks import registry
+    task = registry.get_task(q.task_name)
+    return task.description, task.answer_format
+
+  def make_query(self, text: str, task: str, rid: str = "request") -> Query:
+    """The Query of a request (on the simulator: a simulated query adopted into the world)."""
+    if self.simulated:
+      text = " ".join(text.split())   # prompts show the question on one line
+    if self.world is not None:
+      info = self.world.adopt_query(text, task)
+      return Query(qid=rid, task_name=info.task, domain=info.domain, query=info.text,
+                   ground_truth="", metric="feedback")
+    domain = sim.TASKS[task][0] if self.simulated else _file_domain(task)
+    return Query(qid=rid, task_name=task, domain=domain, query=text, ground_truth="",
+                 metric="feedback")
+
+  def check_task(self, task: str | None) -> str:
+    if task is None:
+      return self.default_task
+    if task not in self.tasks:
+      raise RequestError(400, f"unknown task {task!r}; known tasks: {', '.join(self.tasks)}",
+                         "invalid_task", "metadata.task")
+    return task
+
+  @property
+  def backbones(self) -> tuple[str, ...]:
+    return self.space.llms
+
+  # ---- serving -----------------------------------------------------------------------------------
+  def _slot(self) -> asyncio.Semaphore:
+    if self._slots is None:
+      self._slots = asyncio.Semaphore(self.max_concurrency)
+    return self._slots
+
+  async def complete(self, text: str, *, task: str | None = None, rid: str | None = None,
+                     seed: int | None = None) -> Served:
+    """Runs the learned workflow on one query. Raises RequestError when it cannot be answered."""
+    task = self.check_task(task)
+    rid = rid or new_id()
+    async with self._slot():
+      self.in_flight += 1
+      try:
+        return await self._complete(text, task, rid, seed)
+      finally:
+        self.in_flight -= 1
+
+  async def _complete(self, text, task, rid, seed) -> Served:
+    t0 = time.perf_counter()
+    created = time.time()
+    q = self.make_query(text, task, rid)
+    seed = seed if seed is not None else rollout.episode_seed("serve", rid)
+    enc = self.featurizer.encoder
+    t_emb, q_emb = enc.encode([self.describe(q)[0], q.query])
+    state = self.env.reset(q)
+    rows = np.zeros((0, self.featurizer.spec.row_dim), np.float32)
+    history_rows = len(self.history) if self.reads_memory else 0
+    backbone_s = 0.0
+    compute_s = time.perf_counter() - t0   # the router's own work (features, policy share)
+    decisions = 0
+    while not state.done:
+      t1 = time.perf_counter()
+      obs = self.featurizer.observe(state, t_emb, q_emb, rows, self.env.mask(state))
+      compute_s += time.perf_counter() - t1
+      action, policy_s = await self.batcher.decide(obs, q_emb)
+      compute_s += policy_s
+      decisions += 1
+      t1 = time.perf_counter()
+      res = await self.env.step(state, q, action, seed)
+      t2 = time.perf_counter()
+      backbone_s += t2 - t1
+      rows = np.concatenate([rows, self.featurizer.memory_rows([res.call], None)])
+      compute_s += time.perf_counter() - t2
+    calls = [_call_record(c) for c in state.calls]
+    total_s = time.perf_counter() - t0
+    failed = [c["error"] for c in calls if c["error"]]
+    if state.final_answer is None or (calls and calls[-1]["error"]):
+      self.counters["unservable"] += 1
+      kinds = ", ".join(sorted(set(failed))) or "no final answer within the step cap"
+      raise RequestError(502, f"the workflow produced no answer: {len(failed)} of {len(calls)} "
+                         f"backbone calls failed ({kinds})", "backbone_error")
+    record = dict(type="route", id=rid, created=created, model=ROUTER_MODEL, alpha=self.alpha,
+                  task=task, query=q.query, answer=state.final_answer, calls=calls,
+                  usage=_usage(calls), cost_usd=sum(c["cost_usd"] for c in calls),
+                  history_rows=history_rows,
+                  timing=dict(total_s=total_s, backbone_s=backbone_s,
+                              router_s=max(0.0, total_s - backbone_s), compute_s=compute_s,
+                              decisions=decisions))
+    self.routes.append(record)
+    self.counters["served"] += 1
+    return Served(state.final_answer, record)
+
+  async def passthrough(self, model: str, messages: list[dict], params: base.SamplingParams, *,
+                        task: str | None = None, rid: str | None = None) -> Served:
+    """One call of backbone `model`, no routing. On the simulator (which answers only the
+    workflow's role prompts) the last user message is asked as one Executor call."""
+    task = self.check_task(task)
+    rid = rid or new_id()
+    text = last_user_text(messages)
+    async with self._slot():
+      self.in_flight += 1
+      try:
+        t0, created = time.perf_counter(), time.time()
+        q = self.make_query(text, task, rid)
+        if self.world is not None:
+          messages = prompts.build_messages(self.executor, self.env.reset(q), self.system.mdp_cfg,
+                                            *self.describe(q))
+        out = await self.pool.chat(model, messages, params)
+        total_s = time.perf_counter() - t0
+      finally:
+        self.in_flight -= 1
+    if out.error:
+      self.counters["unservable"] += 1
+      raise RequestError(502, f"backbone {model} failed: {out.error}", "backbone_error")
+    call = dict(step=0, role="passthrough", llm=model,
+                action=self.space.encode(self.executor.name, model), node=0, input_text=q.query,
+                output_text=out.text, input_tokens=out.input_tokens,
+                output_tokens=out.output_tokens, cost_usd=out.cost_usd,
+                latency_s=out.latency_s or total_s, error=None)
+    record = dict(type="route", id=rid, created=created, model=model, alpha=None, task=task,
+                  query=q.query, answer=out.text, calls=[call], usage=_usage([call]),
+                  cost_usd=out.cost_usd, history_rows=None,
+                  timing=dict(total_s=total_s, backbone_s=total_s, router_s=0.0, compute_s=0.0,
+                              decisions=0))
+    self.routes.append(record)
+    self.counters["passthrough"] += 1
+    return Served(out.text, record)
+
+  # ---- feedback and memory -----------------------------------------------------------------------
+  def _new_index(self):
+    k = self.runner.retrieval_k
+    return features_lib.RetrievalIndex(self.featurizer, k) if k else None
+
+  async def feedback(self, rid: str, score: float) -> dict:
+    """Adds a served request's calls to the history memory with utility `score` and persists it.
+
+    Raises:
+      RequestError: unknown id (404), feedback already given (409), score outside [0, 1] (400).
+    """
+    if not 0.0 <= score <= 1.0:
+      raise RequestError(400, f"score must be a number in [0, 1], got {score}", "invalid_score",
+                         "score")
+    rec = self.routes.get(rid)
+    if rec is None:
+      raise RequestError(404, f"no served completion with id {rid!r}", "unknown_id", "id")
+    if rid in self.feedback_ids:
+      raise RequestError(409, f"completion {rid!r} already has feedback", "duplicate_feedback",
+                         "id")
+    # The calls as the memory stores them (memory_rows reads texts, cost and failure).
+    calls = [types.SimpleNamespace(**c) for c in rec["calls"]]
+    rows = self.featurizer.memory_rows(calls, float(score))
+    hubs = np.array([c["action"] for c in rec["calls"]], np.int32)
+    # No await until the memory and the decision inputs agree again: decisions run on this loop.
+    self.history.add(rows, hubs)
+    extra = max(0, len(self.history) - self.history.capacity)
+    gone_rows, gone_hubs = self.history.rows[:extra], self.history.hubs[:extra]
+    evicted = self.history.evict()
+    if self.reads_memory:
+      self._evicted_since_sync += evicted
+      if self.runner.summary or self._evicted_since_sync > self.history.capacity:
+        # Full recompute: the summary mode always; the sums once per capacity evicted rows,
+        # which bounds the float32 drift of subtracting (amortised: one row pass per row).
+        self.runner.set_params(self.params, self.history)
+        self._evicted_since_sync = 0
+      else:
+        # Incremental: a full memory evicts on every feedback, and recomputing all 100,000 rows
+        # of a default-size memory each time would cost more than the decisions.
+        self.runner.add_history(rows, hubs)
+        if evicted:
+          self.runner.add_history(gone_rows, gone_hubs, sign=-1.0)
+      if evicted and self.batcher.index is not None:
+        self.batcher.index = self._new_index()
+    self.served_rows += len(rows)
+    self.feedback_ids[rid] = None
+    while len(self.feedback_ids) > store.FEEDBACK_IDS_KEPT:
+      self.feedback_ids.popitem(last=False)
+    self._seq += 1
+    self._pending.append((self._seq, rows, hubs, rid))
+    self.routes.append(dict(type="feedback", id=rid, score=float(score), created=time.time()))
+    self.counters["feedback"] += 1
+    await self.flush()   # acknowledged feedback is on disk
+    return dict(id=rid, score=float(score), rows_added=len(rows), rows_evicted=evicted,
+                memory_rows=len(self.history))
+
+  def _snapshot(self):
+    header = dict(row_dim=self.featurizer.spec.row_dim, num_hubs=self.space.size,
+                  capacity=self.history.capacity, served_rows=self.served_rows,
+                  feedback_ids=list(self.feedback_ids), workdir=str(self.workdir),
+                  saved=time.time())
+    return self.history.rows, self.history.hubs, header
+
+  async def flush(self, *, compact: bool = False) -> None:
+    """Puts every feedback made before the call on disk (when a memory file is set): appended to
+    the journal, or folded into a new base when the journal is long (or `compact`). Concurrent
+    calls share writes; each returns once its own feedback is written."""
+    if self.memfile is None:
+      return
+    if self._write_lock is None:
+      self._write_lock = asyncio.Lock()
+    async with self._write_lock:
+      pending, self._pending = self._pending, []
+      new_rows = sum(len(p[1]) for p in pending)
+      base = None
+      if (self.memfile.journal_rows + new_rows > self.memfile.compact_rows
+          or (compact and (pending or self.memfile.journal_rows))):
+        # Arrays are replaced, never modified in place, so the snapshot is safe to hand off; it
+        # holds exactly the feedback up to self._seq, which `pending` ends with.
+        base = (*self._snapshot(), self._seq)
+      if base is not None:
+        await asyncio.to_thread(lambda: self.memfile.write_base(*base[:3], seq=base[3]))
+      elif pending:
+        await asyncio.to_thread(self.memfile.append, pending)
+
+  def memory_info(self) -> dict:
+    counts = np.bincount(self.history.hubs, minlength=self.space.size)[:self.space.size]
+    per_hub = {}
+    for a, n in enumerate(counts):
+      if n:
+        role, llm = self.space.decode(a)
+        per_hub[f"{role.name}/{llm}"] = int(n)
+    return dict(rows=len(self.history), capacity=self.history.capacity,
+                served_rows=self.served_rows, feedback=len(self.feedback_ids),
+                journal_rows=self.memfile.journal_rows if self.memfile else 0,
+                mode=self.mode, read_by_decisions=self.reads_memory,
+                path=str(self.memory_path) if self.memory_path else None,
+                restored=self.memory_restored, per_hub=per_hub)
+
+  def health(self) -> dict:
+    b = self.batcher
+    return dict(status="ok", model=ROUTER_MODEL, alpha=self.alpha, workdir=str(self.workdir),
+                backbones=list(self.backbones), in_flight=self.in_flight,
+                max_concurrency=self.max_concurrency, counters=dict(self.counters),
+                decisions=dict(policy_calls=b.calls, decisions=b.decisions,
+                               mean_batch=b.decisions / b.calls if b.calls else 0.0,
+                               policy_s=b.act_s),
+                memory=dict((k, v) for k, v in self.memory_info().items() if k != "per_hub"))
+
+  async def aclose(self) -> None:
+    await self.batcher.aclose()
+    await self.flush(compact=True)
+    self.routes.close()
+    await self.pool.aclose()
+
+
+def new_id() -> str:
+  return "chatcmpl-" + uuid.uuid4().hex
+
+
+def last_user_text(messages: list[dict]) -> str:
+  return next((m["content"] for m in reversed(messages) if m.get("role") == "user"), "")
+
+
+def _file_tasks() -> list[str]:
+  from gp_jax.tasks import registry
+  return registry.task_names()
+
+
+def _file_domain(task: str) -> str:
+  from gp_jax.tasks import registry
+  return registry.get_task(task).domain

@@ -1,0 +1,291 @@
+"""Study runner: train router variants, evaluate each on its own evaluation system, resumably.
+
+A study (gp_jax/runs/studies/{phases,unseen,ablations,roles}.py) is a list of `Variant`s. For each
+seed and variant the runner
+  1. trains a router with the variant's training overrides (variants with equal overrides share
+     one training run: <workdir>/train/<key>_seed<S>/, resumable from its latest checkpoint);
+  2. builds the evaluation system (the training config plus the variant's evaluation overrides:
+     more LLMs, other test tasks, more roles, ...) and carries the router over to it: the network
+     is size-agnostic in the number of (role, LLM) hubs, and the history memory's hub ids are
+     remapped by (role, LLM) name;
+  3. optionally adds few-shot episodes of the evaluation system (sampled policy) to the history
+     and applies one PPO update on them (fresh Adam state);
+  4. evaluates the greedy router on the evaluation system's test queries, and, once per
+     (evaluation system, seed), the reference policies (random, every single LLM, the DP optimum,
+     optionally single-round routers fitted on the training queries);
+  5. writes <workdir>/<variant>_seed<S>/cell.json atomically. Finished cells are skipped on rerun.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import pathlib
+import time
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gp_jax import errors
+from gp_jax import progress as progress_lib
+from gp_jax.baselines import labels as labels_lib
+from gp_jax.baselines import single_round
+from gp_jax.graph import history as history_lib
+from gp_jax.rl import ppo
+from gp_jax.rl import rollout
+from gp_jax.rl import train as train_lib
+from gp_jax.runs import evaluate as evaluation
+from gp_jax.runs import system as system_lib
+from gp_jax.runs import workdir as workdir_config
+from gp_jax.util import aio
+
+CELL_FILE = "cell.json"
+ROUTER = "GraphPlanner"
+
+
+@dataclasses.dataclass(frozen=True)
+class Variant:
+  """One arm of a study.
+
+  Attributes:
+    name: row label (the router's rows are named f"GraphPlanner[{name}]").
+    train: dotted config overrides of the training run, e.g. {"mdp.phase1_depth": 1}.
+    evaluate: dotted config overrides of the evaluation system (on top of the training config).
+    history: "trained" (what the trained mode uses) or "none" (evaluate with an empty history).
+    few_shot: training queries of the evaluation system run with the sampled router before
+      evaluation; their calls join the history and drive one PPO update.
+    routers: single-round routers fitted on the training queries and evaluated next to it.
+  """
+  name: str
+  train: dict = dataclasses.field(default_factory=dict)
+  evaluate: dict = dataclasses.field(default_factory=dict)
+  history: str = "trained"
+  few_shot: int = 0
+  routers: tuple = ()
+
+
+def apply_overrides(config, overrides: dict):
+  """A copy of `config` with dotted-key overrides applied; unknown keys are a ConfigError."""
+  cfg = config.copy_and_resolve_references()
+  for key, value in overrides.items():
+    parent, parts = cfg, key.split(".")
+    for p in parts[:-1]:
+      if p not in parent:
+        raise errors.ConfigError(f"unknown config field {key!r}")
+      parent = parent[p]
+    name = parts[-1]
+    if name not in parent:
+      raise errors.ConfigError(f"unknown config field {key!r}")
+    parent[name] = value
+  return cfg
+
+
+def _key(overrides: dict) -> str:
+  if not overrides:
+    return "base"
+  text = json.dumps(overrides, sort_keys=True)
+  return hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
+
+
+def _atomic_write(path: pathlib.Path, record: dict) -> None:
+  tmp = path.with_suffix(path.suffix + ".tmp")
+  tmp.write_text(json.dumps(record, indent=1))
+  tmp.replace(path)
+
+
+def remap_history(history: history_lib.HistoryMemory, src, dst) -> history_lib.HistoryMemory:
+  """The history with hub ids of action space `src` renumbered for action space `dst` by
+  (role, LLM) name; rows whose action does not exist in `dst` are dropped."""
+  index = {}
+  names = [r.name for r in dst.roles.roles]
+  for a in range(src.size):
+    role, llm = src.decode(a)
+    if role.name in names and llm in dst.llms:
+      index[a] = dst.encode(role.name, llm)
+  keep = np.array([int(h) in index for h in history.hubs], bool)
+  out = history_lib.HistoryMemory(history.row_dim, dst.size, capacity=history.capacity,
+                                  headroom=history.headroom)
+  out.add(history.rows[keep], np.array([index[int(h)] for h in history.hubs[keep]], np.int32))
+  return out
+
+
+def same_space(a, b) -> bool:
+  return ([r.name for r in a.roles.roles], tuple(a.llms)) == ([r.name for r in b.roles.roles],
+                                                              tuple(b.llms))
+
+
+def _history_for(config, history):
+  """The history evaluation reads for a trained mode (mirrors gp_jax.runs.pipeline)."""
+  return None if config.model.history == "inductive" else history
+
+
+def few_shot_update(config, system, model, params, history, n: int, seed: int):
+  """Runs n training queries of `system` with the sampled router; their calls join `history`
+  (when it is not None) and one PPO update (fresh Adam state) is applied. Returns new params."""
+  queries = system.train_queries[:n]
+  runner = rollout.PolicyRunner(model, system.featurizer.hub_features, int(config.train.parallel))
+  runner.set_params(params, history)
+  env = system.env(float(config.alpha), reward=config.train.get("reward", "sampled"))
+  episodes = aio.run(rollout.run_episodes(
+      env, system.featurizer, runner, queries, key=jax.random.PRNGKey(seed + 7), greedy=False,
+      history=history, grow_history=history is not None, seed_salt=("few-shot", seed)))
+  p = config.ppo
+  optimizer = train_lib.make_optimizer(config)
+  update, batch_size = train_lib.make_update(config, system, model, optimizer, len(queries))
+  batch, hist_inputs = train_lib.build_batch(episodes, history, gamma=p.gamma,
+                                             gae_lambda=p.gae_lambda, batch_size=batch_size,
+                                             num_hubs=system.space.size)
+  state = ppo.TrainingState(params=params, opt_state=optimizer.init(params),
+                            rng=jax.random.PRNGKey(seed), update_step=jnp.zeros((), jnp.int32))
+  state, _ = update(state, jnp.asarray(system.featurizer.hub_features), hist_inputs, batch)
+  return state.params
+
+
+def _train_seconds(train_dir: pathlib.Path) -> float:
+  """Rollout + update seconds of a training run from its metrics (exact across resumes)."""
+  path = train_dir / "metrics.jsonl"
+  if not path.exists():
+    return 0.0
+  recs = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+  return float(sum(r.get("rollout_s", 0.0) + r.get("update_s", 0.0) for r in recs))
+
+
+def action_shares(system, states) -> dict:
+  """Share of the calls made with each LLM and with each role, over finished states."""
+  llms, roles, n = {}, {}, 0
+  for s in states:
+    for c in s.calls:
+      llms[c.llm] = llms.get(c.llm, 0) + 1
+      roles[c.role] = roles.get(c.role, 0) + 1
+      n += 1
+  n = max(n, 1)
+  return dict(llm={k: v / n for k, v in sorted(llms.items())},
+              role={k: v / n for k, v in sorted(roles.items())})
+
+
+class StudyRunner:
+  """Runs the variants of one study over seeds into a workdir (resumable)."""
+
+  def __init__(self, config, workdir, study: str, variants: list[Variant], *,
+               router_kwargs: dict | None = None, verbose: bool = True):
+    names = [v.name for v in variants]
+    if len(set(names)) != len(names):
+      raise errors.ConfigError(f"duplicate variant names in study {study!r}: {names}")
+    for v in variants:
+      if v.history not in ("trained", "none"):
+        raise errors.ConfigError(f"variant {v.name}: history must be 'trained' or 'none'")
+      for r in v.routers:
+        single_round.make_router(r, **(router_kwargs or {}))
+      apply_overrides(apply_overrides(config, v.train), v.evaluate)   # fail fast on bad keys
+    self.config, self.study, self.variants = config, study, variants
+    self.workdir = pathlib.Path(workdir)
+    self.router_kwargs = router_kwargs or {}
+    self.verbose = verbose
+    self._systems: dict[tuple, Any] = {}
+
+  def _system(self, cfg, key: tuple):
+    if key not in self._systems:
+      self._systems[key] = system_lib.build(cfg)
+    return self._systems[key]
+
+  def _log(self, msg: str) -> None:
+    if self.verbose:
+      progress_lib.note(msg)
+
+  def run(self, seeds: list[int]) -> dict:
+    # Every cell of a study workdir comes from one config; more seeds may be added later.
+    # The drift study's settings (gp_jax/runs/studies/drift.py) do not change the other studies.
+    drift_fields = tuple(f"study.{k}" for k in self.config.study if k.startswith("drift_"))
+    workdir_config.check_or_record(self.workdir, self.config,
+                                   ignore=("study.seeds",) + drift_fields,
+                                   what=f"{self.study} study")
+    t0 = time.time()
+    ran, skipped = [], []
+    total = sum(not (self.workdir / f"{v.name}_seed{seed}" / CELL_FILE).exists()
+                for seed in seeds for v in self.variants)
+    cells = (progress_lib.Progress(f"{self.study} study", total, unit="cells",
+                                   eta_from_start=True)
+             if self.verbose and total else None)
+    for seed in seeds:
+      for index, v in enumerate(self.variants):
+        out = self.workdir / f"{v.name}_seed{seed}"
+        if (out / CELL_FILE).exists():
+          skipped.append((v.name, seed))
+          continue
+        out.mkdir(parents=True, exist_ok=True)
+        self._log(f"[{self.study} study] cell {len(ran) + 1}/{total}: {v.name} seed={seed}")
+        rec = dict(self.run_cell(v, seed), index=index)
+        _atomic_write(out / CELL_FILE, rec)
+        ran.append((v.name, seed))
+        if cells is not None:
+          cells.update(len(ran), last=f"{v.name} seed={seed}")
+        r = {x["policy"]: x["reward"] for x in rec["rows"] if x["domain"] == "all"}
+        opt = r.get("optimum (DP)", float("nan"))
+        mine = r[f"{ROUTER}[{v.name}]"]
+        self._log(f"[{self.study}] {v.name} seed={seed}: reward {mine:.3f} "
+                  f"(optimum {opt:.3f}, ratio {mine / opt if opt else float('nan'):.3f}) "
+                  f"{rec['seconds']:.0f}s")
+    return dict(ran=ran, skipped=skipped, seconds=time.time() - t0)
+
+  def run_cell(self, v: Variant, seed: int) -> dict:
+    t0 = time.time()
+    base = apply_overrides(self.config, {"seed": int(seed)})
+    tcfg = apply_overrides(base, v.train)
+    tsys = self._system(tcfg, ("train", _key(v.train), seed))
+    tdir = self.workdir / "train" / f"{_key(v.train)}_seed{seed}"
+    summary = train_lib.train(tcfg, tdir, system=tsys, verbose=self.verbose)
+    model, params, history = train_lib.load_router(tcfg, tdir, tsys)
+    ecfg = apply_overrides(tcfg, v.evaluate)
+    ekey = ("eval", _key(v.train), _key(v.evaluate), seed)
+    esys = self._system(ecfg, ekey) if v.evaluate else tsys
+    hist = _history_for(tcfg, history)
+    if hist is not None and not same_space(esys.space, tsys.space):
+      hist = remap_history(hist, tsys.space, esys.space)
+    if v.history == "none":
+      hist = None
+    t_eval = time.time()
+    if v.few_shot:
+      params = few_shot_update(ecfg, esys, model, params, hist, int(v.few_shot), seed)
+    alpha = float(tcfg.alpha)
+    env = esys.env(alpha)
+    states = evaluation.run_router(esys, env, model, params, hist, esys.test_queries,
+                                   parallel=int(ecfg.train.parallel), seed=seed)
+    rows = evaluation.summarize(f"{ROUTER}[{v.name}]", esys, env, esys.test_queries, states)
+    rows = [dataclasses.asdict(r) for r in rows]
+    rows += self._reference(ecfg, esys, tsys, v, seed, alpha)
+    return dict(study=self.study, variant=v.name, seed=seed, alpha=alpha,
+                simulated=esys.simulated, train_overrides=v.train,
+                eval_overrides=v.evaluate, history=v.history, few_shot=v.few_shot,
+                llms=list(esys.space.llms), roles=[r.name for r in esys.space.roles.roles],
+                n_test=len(esys.test_queries), shares=action_shares(esys, states),
+                train=dict(episodes=summary["episodes"], seconds=_train_seconds(tdir)),
+                eval_seconds=time.time() - t_eval, seconds=time.time() - t0, rows=rows)
+
+  def _reference(self, ecfg, esys, tsys, v: Variant, seed: int, alpha: float) -> list[dict]:
+    """Random, single-LLM and optimum rows of an evaluation system (cached per system and seed),
+    plus the variant's single-round routers fitted on the training system's queries."""
+    ref_dir = self.workdir / "reference"
+    ref_dir.mkdir(parents=True, exist_ok=True)
+    # Everything the reference rows depend on: the evaluation system, not the router.
+    key = _key(dict(llms=ecfg.llms, roles=ecfg.roles, mdp=ecfg.mdp.to_dict(),
+                    data=ecfg.data.to_dict(), alpha=ecfg.alpha, catalog=ecfg.catalog_file,
+                    reward=ecfg.train.get("reward", "")))
+    path = ref_dir / f"{key}_seed{seed}.json"
+    if path.exists():
+      rows = json.loads(path.read_text())["rows"]
+    else:
+      rows = [dataclasses.asdict(r) for r in evaluation.evaluate(
+          esys, alpha, router=None, baselines=True, optimum=esys.simulated,
+          parallel=int(ecfg.train.parallel), seed=seed, progress=self.verbose)]
+      _atomic_write(path, dict(rows=rows))
+    if v.routers:
+      if tuple(esys.space.llms) != tuple(tsys.space.llms):
+        raise errors.ConfigError(f"variant {v.name}: single-round routers need the training LLMs")
+      data = labels_lib.collect(tsys, tsys.train_queries, seed=seed)
+      fitted = single_round.fit_routers(list(v.routers), data, tsys.catalog,
+                                        **dict(self.router_kwargs, seed=seed))
+      r_rows, _ = single_round.evaluate_routers(esys, alpha, fitted, esys.test_queries, seed=seed)
+      rows += [dataclasses.asdict(r) for r in r_rows]
+    return rows

@@ -1,0 +1,208 @@
+"""The alpha sweep: GraphPlanner against every baseline at each alpha and seed, resumably.
+
+Layout of a sweep workdir:
+  config.json                 the config the sweep was run with (gp_jax/runs/workdir.py); a
+                              rerun with other values than the grid's is refused
+  labels_seed<S>.npz          single-round router training labels of seed S (alpha-independent)
+  alpha<A>_seed<S>/graphplanner/  GraphPlanner checkpoints and metrics of that cell
+  alpha<A>_seed<S>/cell.json  evaluation rows of every method on the cell's test queries
+A cell whose cell.json exists is finished and skipped on a rerun; an interrupted GraphPlanner run
+resumes from its latest checkpoint. The multi-round routers (gp_jax/baselines/multi_round.py) are
+fitted once per seed (Router-R1 is trained per cell, at the cell's alpha) and evaluated in every
+cell next to the single-round ones.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+import sys
+import time
+
+from gp_jax import errors
+from gp_jax import progress as progress_lib
+from gp_jax.baselines import labels as labels_lib
+from gp_jax.baselines import multi_round
+from gp_jax.baselines import single_round
+from gp_jax.rl import train as train_lib
+from gp_jax.runs import evaluate as evaluation
+from gp_jax.runs import system as system_lib
+from gp_jax.runs import workdir as workdir_config
+
+CELL_FILE = "cell.json"
+
+
+def parse_list(value: str, field: str, cast=float) -> list:
+  """'0,0.1' -> [0.0, 0.1]; a ConfigError naming `field` on bad or empty input."""
+  parts = [p.strip() for p in str(value).split(",") if p.strip()]
+  try:
+    out = [cast(p) for p in parts]
+  except ValueError:
+    raise errors.ConfigError(f"config.{field}={value!r} is not a comma list of numbers") from None
+  if not out:
+    raise errors.ConfigError(f"config.{field} is empty")
+  return out
+
+
+def cell_dir(workdir: pathlib.Path, alpha: float, seed: int) -> pathlib.Path:
+  return workdir / f"alpha{alpha:g}_seed{seed}"
+
+
+def _labels(system, workdir: pathlib.Path, seed: int) -> labels_lib.RoutingData:
+  path = workdir / f"labels_seed{seed}.npz"
+  if path.exists():
+    data = labels_lib.RoutingData.load(path)
+    if (data.llms == tuple(system.space.llms) and len(data.x) == len(system.train_queries)
+        and data.llm_x is not None):
+      return data
+  data = labels_lib.collect(system, system.train_queries, seed=seed)
+  tmp = path.with_suffix(".tmp.npz")
+  data.save(tmp)
+  tmp.replace(path)
+  return data
+
+
+def run_cell(config, system, routers, alpha: float, seed: int, out: pathlib.Path, *,
+             verbose: bool, multi: dict | None = None) -> dict:
+  """Trains GraphPlanner at (alpha, seed) and evaluates it with every baseline; writes cell.json."""
+  t0 = time.time()
+  cfg = config.copy_and_resolve_references()
+  cfg.alpha, cfg.seed = float(alpha), int(seed)
+  summary = train_lib.train(cfg, out / "graphplanner", system=system, verbose=verbose)
+  model, params, history = train_lib.load_router(cfg, out / "graphplanner", system)
+  hist = None if cfg.model.history == "inductive" else history
+  rows = evaluation.evaluate(system, alpha, router=(model, params, hist), baselines=True,
+                             optimum=system.simulated, parallel=int(cfg.train.parallel),
+                             seed=seed, progress=verbose)
+  router_rows, picks = single_round.evaluate_routers(system, alpha, routers, system.test_queries,
+                                                     seed=seed)
+  rows += router_rows
+  t_multi = time.time()
+  multi_rows, multi_picks = multi_round.evaluate_multi(system, alpha, multi or {},
+                                                       system.test_queries, seed=seed)
+  rows += multi_rows
+  picks.update(multi_picks)
+  record = dict(alpha=alpha, seed=seed, simulated=system.simulated,
+                n_train=len(system.train_queries), n_test=len(system.test_queries),
+                llms=list(system.space.llms), router_picks=picks,
+                train=dict(episodes=summary["episodes"], seconds=summary["train_seconds"],
+                           best_running=summary["best_running"]),
+                multi_seconds=time.time() - t_multi, seconds=time.time() - t0,
+                rows=[dataclasses.asdict(r) for r in rows])
+  tmp = out / (CELL_FILE + ".tmp")
+  tmp.write_text(json.dumps(record, indent=1))
+  tmp.replace(out / CELL_FILE)          # a cell is finished only once its file is whole
+  return record
+
+
+def run_sweep(config, workdir: str | pathlib.Path, *, alphas: list[float], seeds: list[int],
+              routers: list[str], router_kwargs: dict | None = None,
+              multi_routers: list[str] = (), multi_kwargs: dict | None = None,
+              verbose: bool = True) -> dict:
+  """Runs every unfinished (alpha, seed) cell.
+
+  Args:
+    config: the GraphPlanner run config (alpha and seed are overridden per cell).
+    workdir: sweep directory (created).
+    alphas, seeds: the grid.
+    routers: single-round router names (gp_jax.baselines.single_round.ROUTERS).
+    router_kwargs: hyperparameters of the routers (knn_k, mlp_hidden, steps, ...).
+    multi_routers: multi-round router names (gp_jax.baselines.multi_round.MULTI_ROUTERS).
+    multi_kwargs: their hyperparameters (knn_k, router_llm, r1_episodes, ...).
+  Returns:
+    {"ran": [(alpha, seed)], "skipped": [(alpha, seed)], "seconds": wall time}.
+  """
+  if any(a < 0 for a in alphas):
+    raise errors.ConfigError(f"alphas must be >= 0, got {alphas}")
+  for name in routers:               # every name checked before any work is done
+    single_round.make_router(name, **(router_kwargs or {}))
+  for name in multi_routers:
+    multi_round.make_multi_router(name, **(multi_kwargs or {}))
+  _check_router_llm(config, (multi_kwargs or {}).get("router_llm", ""))
+  workdir = pathlib.Path(workdir)
+  # Every cell of a workdir comes from one config; the grid may grow between reruns.
+  workdir_config.check_or_record(workdir, config, ignore=("sweep.alphas", "sweep.seeds"),
+                                 what="sweep")
+  t0 = time.time()
+  ran, skipped = [], []
+  total = sum(not (cell_dir(workdir, a, s) / CELL_FILE).exists() for s in seeds for a in alphas)
+  cells = progress_lib.Progress("sweep", total, unit="cells", eta_from_start=True) if verbose and total else None
+  for seed in seeds:
+    todo = [a for a in alphas if not (cell_dir(workdir, a, seed) / CELL_FILE).exists()]
+    skipped += [(a, seed) for a in alphas if a not in todo]
+    if not todo:
+      continue
+    cfg = config.copy_and_resolve_references()
+    cfg.seed = int(seed)
+    system = system_lib.build(cfg)   # the seed fixes the train/test queries of the cell
+    data = _labels(system, workdir, seed)
+    fitted = single_round.fit_routers(routers, data, system.catalog,
+                                      **dict(router_kwargs or {}, seed=seed))
+    multi = multi_round.fit_multi_routers(list(multi_routers), system, system.train_queries,
+                                          seed=seed, **(multi_kwargs or {}))
+    for alpha in todo:
+      out = cell_dir(workdir, alpha, seed)
+      out.mkdir(parents=True, exist_ok=True)
+      if cells is not None:
+        progress_lib.note(f"[sweep] cell {len(ran) + 1}/{total}: alpha={alpha:g} seed={seed}")
+      rec = run_cell(config, system, fitted, alpha, seed, out, verbose=verbose, multi=multi)
+      ran.append((alpha, seed))
+      if cells is not None:
+        cells.update(len(ran), last=f"alpha={alpha:g} seed={seed}")
+      if verbose:
+        best = {r["policy"]: r["reward"] for r in rec["rows"] if r["domain"] == "all"}
+        nan = float("nan")
+        router_best = max((v for k, v in best.items() if k.startswith("router:")), default=nan)
+        print(f"alpha={alpha:g} seed={seed}: GraphPlanner {best.get('GraphPlanner', nan):.3f}, "
+              f"optimum {best.get('optimum (DP)', nan):.3f}, best router {router_best:.3f}"
+              + "".join(f", {k} {v:.3f}" for k, v in best.items()
+                        if k.startswith(multi_round.ROW_PREFIX))
+              + f" ({rec['seconds']:.0f}s)", file=sys.stderr)
+  return dict(ran=ran, skipped=skipped, seconds=time.time() - t0)
+
+
+def _check_router_llm(config, name: str) -> None:
+  """A configured router LLM must be one of the sweep's LLMs (checked before any write)."""
+  if not name:
+    return
+  from gp_jax.llm import catalog as catalog_lib
+  full = catalog_lib.load_catalog(config.catalog_file or catalog_lib.DEFAULT_POOL_FILE)
+  llms = system_lib.select_llms(full, config.llms)
+  if name not in llms:
+    raise errors.unknown_name("router LLM", name, llms)
+
+
+def multi_kwargs_from_config(config) -> dict:
+  """Hyperparameters of the multi-round routers from config.sweep (Router-R1's PPO clip, epochs,
+  minibatches, gamma, lambda, value weight and grad clip are GraphPlanner's config.ppo ones)."""
+  s, p = config.sweep, config.ppo
+  return dict(knn_k=int(s.knn_k), router_llm=str(s.get("router_llm", "")),
+              r1_hidden=int(s.get("r1_hidden", 64)), r1_episodes=int(s.get("r1_episodes", 512)),
+              r1_batch=int(s.get("r1_batch", 32)), r1_reward=str(config.train.reward),
+              r1_ppo=multi_round.PPOSettings(
+                  learning_rate=float(s.get("r1_learning_rate", 1e-3)), epochs=int(p.epochs),
+                  num_minibatches=int(p.num_minibatches), clip_eps=float(p.clip_eps),
+                  gamma=float(p.gamma), gae_lambda=float(p.gae_lambda),
+                  value_coef=float(p.value_coef),
+                  entropy_coef=float(s.get("r1_entropy_coef", 0.01)),
+                  max_grad_norm=float(p.max_grad_norm)))
+
+
+def sweep_from_config(config, workdir, *, verbose: bool = True) -> dict:
+  """run_sweep with the grid and router settings of config.sweep."""
+  if "sweep" not in config:
+    raise errors.ConfigError("the config has no 'sweep' section; use experiments/configs/sweep.py")
+  s = config.sweep
+  return run_sweep(config, workdir, alphas=parse_list(s.alphas, "sweep.alphas"),
+                   seeds=parse_list(s.seeds, "sweep.seeds", int),
+                   routers=[r.strip() for r in str(s.routers).split(",") if r.strip()],
+                   router_kwargs=dict(knn_k=int(s.knn_k), mlp_hidden=int(s.mlp_hidden),
+                                      steps=int(s.router_steps),
+                                      learning_rate=float(s.router_learning_rate),
+                                      weight_decay=float(s.router_weight_decay),
+                                      graph_hidden=int(s.get("graph_hidden", 32)),
+                                      graph_steps=int(s.get("graph_steps", 300)),
+                                      routerdc_steps=int(s.get("routerdc_steps", 300))),
+                   multi_routers=[r.strip() for r in str(s.get("multi_routers", "")).split(",")
+                                  if r.strip()],
+                   multi_kwargs=multi_kwargs_from_config(config), verbose=verbose)

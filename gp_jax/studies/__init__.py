@@ -1,1 +1,0 @@
-"""The paper's studies beyond the alpha sweep: variants, their runner and report."""

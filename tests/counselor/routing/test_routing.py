@@ -1,0 +1,208 @@
+"""The simulated counselor backend, the counselor router, and experiments/counselor_routed.py."""
+import json
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from gp_jax.counselor.agents import loop as agents
+from gp_jax.counselor.agents import records
+from gp_jax.counselor.kg import parser as parser_lib
+from gp_jax.counselor.synth import oracle
+from gp_jax.counselor.synth import sim_pool
+from gp_jax.runs import counselor_routed as rx
+from gp_jax.sim import simulator
+from tests.counselor.conftest import run
+
+ROOT = pathlib.Path(__file__).resolve().parents[3]
+SMALL, BIG = "qwen2.5-7b-instruct", "llama-3.3-nemotron-super-49b-v1"
+
+
+def _run_all(questions, funcs, pool, select, **kw):
+  return [run(agents.run_counselor(q.question, funcs=funcs, pool=pool, select_llm=select,
+                                   qid=q.qid, **kw)) for q in questions]
+
+
+def test_success_rate_matches_probability(academic, catalog):
+  graph, questions, funcs = academic
+  pool = sim_pool.SimCounselorPool(catalog, questions, seed=1)
+  for seed in range(3):
+    _run_all(questions, funcs, pool.with_seed(seed), records.fixed_selector("llama-3.1-8b-instruct"))
+    for k, d in pool.with_seed(seed).draws.items():
+      assert d["n"] == 0  # with_seed gives each copy its own counters
+  # collect the counters of one long run
+  p = pool.with_seed(7)
+  _run_all(questions * 2, funcs, p, records.fixed_selector("gemma-2-9b-it"))
+  total = {"n": 0, "ok": 0, "sum_p": 0.0, "sum_var": 0.0}
+  for d in p.draws.values():
+    for key in total:
+      total[key] += d[key]
+  assert total["n"] > 200 and 0.2 < total["sum_p"] / total["n"] < 0.95
+  assert abs(total["ok"] - total["sum_p"]) < 4 * np.sqrt(total["sum_var"]) + 1
+  # a fixed probability: the success share is that probability
+  q = sim_pool.SimCounselorPool(catalog, questions, seed=3, p_override=0.3)
+  _run_all(questions, funcs, q, records.fixed_selector(SMALL))
+  n = sum(d["n"] for d in q.draws.values())
+  ok = sum(d["ok"] for d in q.draws.values())
+  assert n > 100 and abs(ok / n - 0.3) < 4 * np.sqrt(0.21 / n)
+
+
+def test_probability_equation_and_ordering(catalog):
+  profiles = simulator.load_profiles(catalog)
+  theta = profiles[BIG].theta["knowledge_reasoning"]
+  p = sim_pool.success_probability(theta, "action", 0.5, 1.0)
+  assert p == pytest.approx(1 / (1 + np.exp(-(2.0 * theta + 0.5 - 0.5 + 1.0))))
+  assert sim_pool.success_probability(theta, "plan", 0.0) > sim_pool.success_probability(
+      profiles[SMALL].theta["knowledge_reasoning"], "plan", 0.0)
+  assert sim_pool.success_probability(0.0, "plan", 1.0) < sim_pool.success_probability(
+      0.0, "plan", 0.0)
+
+
+def test_probability_one_is_the_oracle(academic, catalog):
+  graph, questions, funcs = academic
+  sim = sim_pool.SimCounselorPool(catalog, questions, p_override=1.0)
+  gold = oracle.OraclePool.from_questions(catalog, questions)
+  select = records.fixed_selector({"default": SMALL, "action": BIG})
+  a = _run_all(questions, funcs, sim, select, judge_final_trial=True)
+  b = _run_all(questions, funcs, gold, select, judge_final_trial=True)
+  for q, ra, rb in zip(questions, a, b):
+    assert [c.output for c in ra.calls] == [c.output for c in rb.calls]
+    assert ra.final_answer == q.answer
+    # billed output tokens follow the verbosity of the model
+    assert all(c.output_tokens > 0 and c.cost_usd > 0 for c in ra.calls)
+  assert sim.draws["action"]["ok"] == sim.draws["action"]["n"] > 0
+
+
+def test_failures_keep_the_format(academic, catalog):
+  graph, questions, funcs = academic
+  pool = sim_pool.SimCounselorPool(catalog, questions, p_override=0.0)
+  results = _run_all(questions, funcs, pool, records.fixed_selector(SMALL), max_steps=4,
+                     judge_final_trial=True)
+  kinds = set()
+  for q, r in zip(questions, results):
+    assert r.final_answer != q.answer
+    for c in r.calls:
+      kinds.add(c.kind)
+      if c.kind == "action":
+        items = parser_lib.parse_action(c.output)
+        assert items and not any(isinstance(i, parser_lib.Issue) for i in items), c.output
+      elif c.kind == "judge":
+        assert c.output.startswith("Judgment: [")
+      elif c.kind in ("plan", "thought"):
+        assert c.output and "\n" not in c.output
+      else:
+        assert c.output == sim_pool.UNHELPFUL_REFLECTION
+  assert kinds == {"plan", "thought", "action", "judge", "reflect"}
+
+
+def test_wrong_answers_are_near_misses(catalog, academic):
+  pool = sim_pool.SimCounselorPool(catalog, academic[1])
+  rng = np.random.default_rng(0)
+  for gold in ("7", "0", "12.5", "Ann Lee, Bo Chen, Cy Dee", academic[1][0].answer):
+    for _ in range(20):
+      wrong = pool.wrong_answer(gold, rng)
+      assert wrong and wrong != gold
+  assert pool.wrong_answer("7", rng).lstrip("-").isdigit()
+  assert len(pool.wrong_answer("a, b, c", rng).split(", ")) == 2
+
+
+@pytest.fixture(scope="module")
+def tiny_router(catalog):
+  from gp_jax.counselor.routing import router as routing
+  from gp_jax.text import encoder as encoder_lib
+  llms = [SMALL, BIG]
+  cfg = routing.RouterConfig(hidden=16, num_layers=1, mlp_hidden=16, mem_proj=8, max_rows=8,
+                             update_size=64, learning_rate=3e-3, entropy_coef=0.0)
+  return lambda seed=0: routing.make_router(catalog=catalog.select(llms), llms=llms,
+                                            encoder=encoder_lib.make_encoder("hashing", dim=64),
+                                            cfg=cfg, seed=seed)
+
+
+def test_router_returns_only_its_llms(academic, catalog, tiny_router):
+  graph, questions, funcs = academic
+  from gp_jax.counselor.routing import router as routing
+  router = tiny_router()
+  pool = sim_pool.SimCounselorPool(catalog, questions, seed=0)
+  for sel in (router.selector(sample=True, seed=1), router.selector()):
+    results = run(routing.run_episodes(questions[:8], select_llm=sel, funcs=funcs, pool=pool,
+                                       counselor_settings={"max_steps": 4}))
+    models = {c.model for r in results for c in r.calls}
+    assert models and models <= {SMALL, BIG}
+  step = records.AgentStep(kind="answer", role="executor", qid="x", question="q", trial=0, step=0,
+                           messages=())
+  with pytest.raises(Exception, match="routes"):
+    run(router.selector()(step))
+
+
+def test_training_moves_the_policy_to_the_dominant_llm(academic, catalog, tiny_router):
+  graph, questions, funcs = academic
+  from gp_jax.counselor.routing import router as routing
+  router = tiny_router(seed=3)
+  # the big model is made far better than the small one, at the same price
+  profiles = simulator.load_profiles(catalog)
+  import dataclasses
+  profiles[BIG] = dataclasses.replace(profiles[BIG], theta={"knowledge_reasoning": 3.0})
+  profiles[SMALL] = dataclasses.replace(profiles[SMALL], theta={"knowledge_reasoning": -3.0})
+  pool = sim_pool.SimCounselorPool(catalog.select([SMALL, BIG]), questions, profiles=profiles)
+  settings = {"max_steps": 4, "max_reflect": 0}
+
+  def big_probability():   # mean policy probability of BIG on the action steps of real runs
+    sel = router.selector(sample=True, seed=5, record=True)
+    run(routing.run_episodes(questions, select_llm=sel, funcs=funcs, pool=pool,
+                             counselor_settings=settings))
+    obs = [t.obs for tr in sel.transitions.values() for t in tr if t.obs["mask"][0] == False
+           and t.obs["mask"][router.featurizer.action("action", BIG)]]
+    probs = []
+    for i in range(0, len(obs), router.batch):
+      logits, _ = router.forward_batch(obs[i:i + router.batch])
+      z = np.exp(logits - logits.max(1, keepdims=True))
+      probs += (z[:, router.featurizer.action("action", BIG)] / z.sum(1)).tolist()
+    return float(np.mean(probs))
+  p0 = big_probability()
+  history = routing.train(router, questions, funcs=funcs, pool=pool, counselor_settings=settings,
+                          settings=routing.TrainSettings(alpha=0.0, episodes=256,
+                                                         batch_questions=16),
+                          log=lambda s: None)
+  p1 = big_probability()
+  assert len(history) == 16 and history[-1]["episodes"] == 256
+  assert p1 > 0.8 and p1 > p0 + 0.25, (p0, p1)
+  assert history[-1]["utility"] > history[0]["utility"]
+
+
+def test_runner_end_to_end_and_resume(tmp_path):
+  cfg = rx.ExperimentConfig(size="tiny", per_template=2, n_train=8, n_test=4, llms=(SMALL, BIG),
+                            episodes=16, batch_questions=8, max_steps=4, max_reflect=1)
+  logs = []
+  summary = rx.run(cfg, [0], str(tmp_path), log=logs.append)
+  assert (tmp_path / "seeds" / "seed_0.json").exists()
+  saved = json.loads((tmp_path / "results.json").read_text())
+  assert saved["seeds"] == [0] and set(saved["methods"]) == {"routed", SMALL, BIG}
+  for row in saved["methods"].values():
+    assert 0 <= row["em"]["mean"] <= 1 and row["cost_usd_per_q"]["mean"] > 0
+  table = (tmp_path / "results.md").read_text()
+  assert "| **routed** |" in table and f"| {BIG} |" in table
+  assert summary["methods"]["routed"]["em"]["std"] == 0.0
+  logs.clear()
+  rx.run(cfg, [0], str(tmp_path), log=logs.append)   # finished seed: skipped
+  assert any("done already" in line for line in logs)
+  with pytest.raises(Exception, match="other settings"):
+    rx.run(rx.ExperimentConfig(**{**cfg.__dict__, "alpha": 0.5}), [0], str(tmp_path),
+           log=logs.append)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--llms=qwen2.5-7b-instruct,gpt-9"], "unknown LLM 'gpt-9'"),
+    (["--alpha=-0.1"], "--alpha must be a finite number >= 0"),
+    (["--seeds=a,b"], "--seeds must be comma-separated integers"),
+    (["--domain=legal"], "unknown domain 'legal'"),
+    (["--skill_domain=poetry"], "unknown simulator domain 'poetry'"),
+])
+def test_bad_flags_exit_2(tmp_path, args, message):
+  r = subprocess.run([sys.executable, "-m", "experiments.counselor_routed",
+                      f"--workdir={tmp_path}", *args], capture_output=True, text=True, cwd=ROOT,
+                     timeout=120)
+  err = r.stderr.strip()
+  assert r.returncode == 2 and err.startswith("error: ") and message in err, err
+  assert "\n" not in err

@@ -1,0 +1,110 @@
+"""Study runner: overrides, history remapping across action spaces, a tiny study end to end."""
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from experiments.configs import study as study_config
+from gp_jax import errors
+from gp_jax.graph import history as history_lib
+from gp_jax.runs.studies import definitions
+from gp_jax.runs.studies import report
+from gp_jax.runs.studies import runner
+from gp_jax.workflow import mdp
+from gp_jax.workflow import roles as roles_lib
+
+
+def test_apply_overrides_sets_nested_fields_and_rejects_unknown():
+  c = study_config.get_config("test")
+  d = runner.apply_overrides(c, {"mdp.phase1_depth": 1, "roles": "planner,executor,summarizer"})
+  assert d.mdp.phase1_depth == 1 and c.mdp.phase1_depth == 0     # the original is untouched
+  with pytest.raises(errors.ConfigError, match="unknown config field 'mdp.nope'"):
+    runner.apply_overrides(c, {"mdp.nope": 1})
+  with pytest.raises(errors.ConfigError, match="unknown config field"):
+    runner.apply_overrides(c, {"nosuch.field": 1})
+
+
+def test_remap_history_by_role_and_llm_name():
+  roles = roles_lib.load_roles()
+  src = mdp.ActionSpace(roles.select(["planner", "executor", "summarizer"]), ("a", "b"))
+  dst = mdp.ActionSpace(roles.select(["planner", "executor", "summarizer", "thinker"]), ("c", "a", "b"))
+  mem = history_lib.HistoryMemory(2, src.size, capacity=10)
+  hubs = np.arange(src.size)
+  mem.add(np.arange(2 * src.size, dtype=np.float32).reshape(-1, 2), hubs)
+  out = runner.remap_history(mem, src, dst)
+  assert len(out) == len(mem) and out.num_hubs == dst.size
+  for a, b in zip(hubs, out.hubs):
+    role, llm = src.decode(int(a))
+    role2, llm2 = dst.decode(int(b))
+    assert (role.name, llm) == (role2.name, llm2)
+  np.testing.assert_array_equal(out.rows, mem.rows)
+  # Actions missing from the destination are dropped.
+  small = mdp.ActionSpace(roles.select(["planner", "executor", "summarizer"]), ("b",))
+  assert len(runner.remap_history(mem, src, small)) == 3
+
+
+def test_unknown_study_and_bad_variant():
+  c = study_config.get_config("test")
+  with pytest.raises(errors.ConfigError, match="unknown study 'nope'"):
+    definitions.variants("nope", c)
+  with pytest.raises(errors.ConfigError, match="history must be"):
+    runner.StudyRunner(c, "/tmp/unused", "x", [runner.Variant("a", history="bad")])
+  with pytest.raises(errors.ConfigError, match="unknown config field"):
+    runner.StudyRunner(c, "/tmp/unused", "x", [runner.Variant("a", train={"model.nope": 1})])
+
+
+def test_every_study_definition_builds():
+  c = study_config.get_config("test")
+  for name in definitions.STUDIES:
+    vs = definitions.variants(name, c)
+    assert len({v.name for v in vs}) == len(vs) >= 3
+  roles = {v.name: v for v in definitions.variants("roles", c)}
+  assert roles["pestv_trained"].train["mdp.step_cap"] >= 19   # room for thinker + verifier calls
+  unseen = {v.name: v for v in definitions.variants("unseen", c)}
+  llms = unseen["unseen_llms"].evaluate["llms"].split(",")
+  assert llms[:3] == c.llms.split(",") and len(llms) == 6      # the three held-out LLMs added
+
+
+def test_tiny_study_end_to_end_resumes_and_reports(tmp_path, capsys):
+  c = study_config.get_config("test")
+  c.train.episodes = 16
+  c.data.n_test = 12
+  held = definitions.with_held_out(c)
+  variants = [runner.Variant("base"), runner.Variant("empty_history", history="none"),
+              runner.Variant("more_llms", evaluate={"llms": held})]
+  work = tmp_path / "studies" / "toy"
+  res = runner.StudyRunner(c, work, "toy", variants, verbose=True).run([0])
+  assert len(res["ran"]) == 3
+  err = capsys.readouterr().err.splitlines()   # progress: cell i of n, then cells done + ETA
+  assert [l for l in err if l.startswith("[toy study] cell ")] == [
+      "[toy study] cell 1/3: base seed=0", "[toy study] cell 2/3: empty_history seed=0",
+      "[toy study] cell 3/3: more_llms seed=0"]
+  done = [l for l in err if l.startswith("[toy study] ") and " cells (" in l]
+  assert done[0].startswith("[toy study] 1/3 cells (33%)  last base seed=0 | ") and "ETA" in done[0]
+  assert done[-1].startswith("[toy study] 3/3 cells (100%)")
+  assert any(l.startswith("[train] ") for l in err) and any(l.startswith("[eval ") for l in err)
+  cells = {v.name: json.loads((work / f"{v.name}_seed0" / runner.CELL_FILE).read_text())
+           for v in variants}
+  assert len(list((work / "train").iterdir())) == 1            # one training run shared by all
+  rows = {r["policy"]: r for r in cells["more_llms"]["rows"] if r["domain"] == "all"}
+  assert "GraphPlanner[more_llms]" in rows and "optimum (DP)" in rows
+  assert len(cells["more_llms"]["llms"]) == 6 and rows["GraphPlanner[more_llms]"]["n"] == 12
+  assert sum(cells["base"]["shares"]["llm"].values()) == pytest.approx(1.0)
+  again = runner.StudyRunner(c, work, "toy", variants, verbose=False).run([0])
+  assert again["ran"] == [] and len(again["skipped"]) == 3
+  out = report.write_full_report(tmp_path, tmp_path / "report.md")
+  text = out.read_text()
+  assert "| base |" in text and "| more_llms |" in text
+  assert (tmp_path / "report_toy.png").stat().st_size > 1000
+
+
+def test_report_runner_errors_exit_2(tmp_path):
+  p = subprocess.run([sys.executable, "-m", "experiments.report", f"--root={tmp_path}"],
+                     capture_output=True, text=True, timeout=120)
+  assert p.returncode == 2 and "no finished sweep, study or counselor runs" in p.stderr
+  p = subprocess.run([sys.executable, "-m", "experiments.study", "--study=nope",
+                      "--config=experiments/configs/study.py:test", f"--workdir={tmp_path}/s"],
+                     capture_output=True, text=True, timeout=120)
+  assert p.returncode == 2 and "unknown study 'nope'" in p.stderr
