@@ -1,0 +1,146 @@
+"""The layering of gp_jax, checked from the source's imports (every import statement, including
+function-local ones): arrows run down only, and the import graph has no circle.
+
+Layers, bottom to top (docs/architecture in README's layout table):
+  0  root modules (errors, paths, types, files, progress) and util/
+  1  llm/ (backends), text/ (encoders), tasks/ (task data, metrics, sandbox)
+  2  workflow/ (MDP, roles, prompts, env, reward, fixed policies)
+  3  graph/ (GARNet, features, history memory), sim/ (the simulated world)
+  4  rl/ (the PPO learner)
+  5  baselines/ (routers), counselor/ (Graph Counselor)
+  6  runs/ (assembles systems from configs and runs experiments; serving)
+A module imports from its own package (same top-level folder of gp_jax) or from a lower layer
+(layer 0 modules import each other freely; the circle test still holds for them).
+Beyond that: graph/ and rl/ never import llm/ (the learner reaches LLMs only through the workflow
+environment), and nothing in gp_jax/ imports experiments/.
+"""
+import ast
+import pathlib
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+LAYERS = {
+    "": 0, "util": 0,
+    "llm": 1, "text": 1, "tasks": 1,
+    "workflow": 2,
+    "graph": 3, "sim": 3,
+    "rl": 4,
+    "baselines": 5, "counselor": 5,
+    "runs": 6,
+}
+NEVER = {"graph": {"llm", "sim", "runs"}, "rl": {"llm", "sim", "runs"},
+         "llm": {"workflow", "graph", "rl", "sim"}}
+
+
+def _module_name(path: pathlib.Path) -> str:
+  parts = list(path.relative_to(ROOT).with_suffix("").parts)
+  if parts[-1] == "__init__":
+    parts.pop()
+  return ".".join(parts)
+
+
+def _modules() -> dict[str, pathlib.Path]:
+  return {_module_name(p): p for p in sorted((ROOT / "gp_jax").rglob("*.py"))}
+
+
+def _imports(name: str, path: pathlib.Path, known) -> set[str]:
+  """Modules of gp_jax (or experiments) that `name` imports anywhere in its source."""
+  is_pkg = path.name == "__init__.py"
+  out = set()
+  for node in ast.walk(ast.parse(path.read_text(), str(path))):
+    if isinstance(node, ast.Import):
+      targets = [a.name for a in node.names]
+    elif isinstance(node, ast.ImportFrom):
+      base = node.module or ""
+      if node.level:
+        pkg = name.split(".") if is_pkg else name.split(".")[:-1]
+        pkg = pkg[:len(pkg) - (node.level - 1)]
+        base = ".".join(pkg + ([base] if base else []))
+      targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
+    else:
+      continue
+    out |= {t for t in targets if t.split(".")[0] in ("gp_jax", "experiments")}
+  out.discard(name)
+  return out
+
+
+def _package(module: str) -> str:
+  parts = module.split(".")
+  if parts[0] != "gp_jax":
+    return parts[0]
+  return parts[1] if len(parts) > 2 or (len(parts) == 2 and parts[1] in LAYERS) else ""
+
+
+def _graph():
+  mods = _modules()
+  return mods, {m: _imports(m, p, mods) for m, p in mods.items()}
+
+
+def test_every_package_has_a_layer():
+  mods, _ = _graph()
+  unknown = sorted({_package(m) for m in mods} - set(LAYERS))
+  assert not unknown, f"packages without a layer in tests/test_layers.py: {unknown}"
+
+
+def test_imports_run_down_only():
+  _, graph = _graph()
+  bad = []
+  for mod, deps in graph.items():
+    src = _package(mod)
+    for dep in sorted(deps):
+      dst = _package(dep)
+      if dst == "experiments":
+        bad.append(f"{mod} -> {dep} (the library never imports the runners)")
+      elif dst in NEVER.get(src, ()):
+        bad.append(f"{mod} -> {dep} ({src}/ never imports {dst}/)")
+      elif dst != src and LAYERS[dst] >= LAYERS[src] and LAYERS[src] > 0:
+        bad.append(f"{mod} -> {dep} (layer {LAYERS[src]} importing layer {LAYERS[dst]})")
+  assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_no_import_circle():
+  _, graph = _graph()
+  index, low, stack, on_stack, circles = {}, {}, [], set(), []
+
+  def visit(v):   # Tarjan's strongly connected components
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on_stack.add(v)
+    for w in graph.get(v, ()):
+      if w not in graph:
+        continue
+      if w not in index:
+        visit(w)
+        low[v] = min(low[v], low[w])
+      elif w in on_stack:
+        low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+      comp = []
+      while True:
+        w = stack.pop()
+        on_stack.discard(w)
+        comp.append(w)
+        if w == v:
+          break
+      if len(comp) > 1:
+        circles.append(sorted(comp))
+
+  for v in sorted(graph):
+    if v not in index:
+      visit(v)
+  assert not circles, f"import circles: {circles}"
+
+
+@pytest.mark.parametrize("source,expected", [
+    ("from gp_jax.rl import ppo\n", "gp_jax.rl.ppo"),
+    ("from . import ppo\n", "gp_jax.rl.ppo"),
+    ("def f():\n  from gp_jax.runs import system\n", "gp_jax.runs.system"),
+    ("import experiments.common\n", "experiments.common"),
+])
+def test_imports_are_seen(tmp_path, source, expected):
+  """The checker sees module-level, relative and function-local imports."""
+  path = tmp_path / "m.py"
+  path.write_text(source)
+  known = {"gp_jax.rl.ppo", "gp_jax.runs.system"}
+  assert expected in _imports("gp_jax.rl.m", path, known)
