@@ -144,3 +144,15 @@ def test_imports_are_seen(tmp_path, source, expected):
   path.write_text(source)
   known = {"gp_jax.rl.ppo", "gp_jax.runs.system"}
   assert expected in _imports("gp_jax.rl.m", path, known)
+
+
+def test_run_layer_functions_are_short():
+  """The run layer reads as a list of named steps: no function (or method) over 60 lines."""
+  long = []
+  for path in sorted((ROOT / "gp_jax" / "runs").rglob("*.py")):
+    for node in ast.walk(ast.parse(path.read_text(), str(path))):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        lines = node.end_lineno - node.lineno + 1
+        if lines > 60:
+          long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
+  assert not long, "run-layer functions over 60 lines:\n" + "\n".join(long)
