@@ -24,9 +24,9 @@ from gp_jax import progress as progress_lib
 from gp_jax.baselines import labels as labels_lib
 from gp_jax.baselines import multi_round
 from gp_jax.baselines import single_round
-from gp_jax.rl import train as train_lib
 from gp_jax.runs import evaluate as evaluation
 from gp_jax.runs import system as system_lib
+from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
 
 CELL_FILE = "cell.json"
@@ -68,8 +68,8 @@ def run_cell(config, system, routers, alpha: float, seed: int, out: pathlib.Path
   t0 = time.time()
   cfg = config.copy_and_resolve_references()
   cfg.alpha, cfg.seed = float(alpha), int(seed)
-  summary = train_lib.train(cfg, out / "graphplanner", system=system, verbose=verbose)
-  model, params, history = train_lib.load_router(cfg, out / "graphplanner", system)
+  summary = training.train(cfg, out / "graphplanner", system=system, verbose=verbose)
+  model, params, history = training.load_router(cfg, out / "graphplanner", system)
   hist = None if cfg.model.history == "inductive" else history
   rows = evaluation.evaluate(system, alpha, router=(model, params, hist), baselines=True,
                              optimum=system.simulated, parallel=int(cfg.train.parallel),

@@ -42,8 +42,8 @@ from gp_jax.graph import features as features_lib
 from gp_jax.graph import history as history_lib
 from gp_jax.llm import base
 from gp_jax.rl import rollout
-from gp_jax.rl import train as train_lib
 from gp_jax.runs import system as system_lib
+from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
 from gp_jax.runs.serving import store
 from gp_jax.sim import simulator as sim
@@ -237,7 +237,7 @@ class RouterSession:
                route_log=None, default_task: str | None = None, pool: base.LLMPool | None = None):
     if max_concurrency < 1:
       raise errors.ConfigError(f"--max_concurrency must be >= 1, got {max_concurrency}")
-    train_lib.enable_compile_cache(config.get("compile_cache", ""))
+    training.enable_compile_cache(config.get("compile_cache", ""))
     self.workdir = pathlib.Path(workdir)
     self.system = system = system_lib.build(config, pool=pool)
     self.pool = system.pool
@@ -246,7 +246,7 @@ class RouterSession:
     self.mode = config.model.history
     self.featurizer = system.featurizer
     self.space = system.space
-    self.model, self.params, self.history = train_lib.load_router(config, workdir, system)
+    self.model, self.params, self.history = training.load_router(config, workdir, system)
     self.history.capacity = int(config.model.history_capacity)
     self.simulated = config.data.source == "simulated"
     self.tasks = list(sim.TASKS) if self.simulated else _file_tasks()
