@@ -22,7 +22,7 @@ from gp_jax.runs import pipeline
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 TIMING = {"rollout_s", "update_s"}
 
 
