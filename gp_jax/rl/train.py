@@ -321,8 +321,9 @@ def train(workdir: str | pathlib.Path, *, env: env_lib.WorkflowEnv,
   slots = -(-int(settings.parallel) // procs)
   runner = rollout.PolicyRunner(model, featurizer.hub_features, slots * procs,
                                 featurizer=featurizer, mesh=rollout_mesh)
-  loop = _Loop(env, featurizer, queries, update, batch_size, buckets, settings, history, runner,
-               jnp.asarray(featurizer.hub_features), slots)
+  loop = _Loop(env=env, featurizer=featurizer, queries=queries, update=update,
+               batch_size=batch_size, buckets=buckets, settings=settings, history=history,
+               runner=runner, hub_features=jnp.asarray(featurizer.hub_features), slots=slots)
   runner.set_params(state.params, history if _grows(settings) else None)
   n_iters = settings.iterations
   t0 = time.time()

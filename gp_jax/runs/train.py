@@ -118,9 +118,9 @@ def validate(config) -> None:
   for ok, what in checks:
     if not ok:
       raise errors.ConfigError(f"invalid config: need {what}")
-  rl_train._lr_decay_steps(config)
+  rl_train._lr_decay_steps(config)          # unknown ppo.lr_schedule / entropy_schedule names
   rl_train._entropy_decay_updates(config)
-  make_model(config)
+  make_model(config)                        # model errors before anything is built
 
 
 def loop_settings(config) -> rl_train.LoopSettings:
