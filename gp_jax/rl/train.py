@@ -38,7 +38,6 @@ from gp_jax.util import aio
 from gp_jax.workflow import env as env_lib
 
 
-
 def batch_size_for(episodes_per_iter: int, max_calls: int, num_minibatches: int,
                    devices: int = 1) -> int:
   """Fixed padded transition count of every update: all the calls the episodes could make,

@@ -6,10 +6,6 @@ config tree, and it validates every value it reads (ConfigError with the field's
 from __future__ import annotations
 
 import dataclasses
-import pathlib
-from typing import Callable
-
-import numpy as np
 
 from gp_jax import errors
 from gp_jax.graph import features as features_lib

@@ -1,6 +1,5 @@
 """End to end on the CPU test config: train, evaluate, determinism, kill -9 resume, bad config."""
 import json
-import os
 import pathlib
 import signal
 import subprocess
@@ -13,7 +12,6 @@ import numpy as np
 import pytest
 
 from experiments.configs import test as test_config
-from gp_jax import errors
 from gp_jax.graph import history as history_lib
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
