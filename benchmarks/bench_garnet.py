@@ -41,6 +41,7 @@ from gp_jax.rl import ppo
 from gp_jax.rl import rollout
 from gp_jax.rl import train as train_lib
 from gp_jax.runs import system as system_lib
+from gp_jax.runs import train as training
 
 _SIZES = flags.DEFINE_list("sizes", ["1000", "10000", "100000"], "History sizes (rows).")
 _PROJ = flags.DEFINE_integer("mem_proj", 128, "Memory-row text projection (0 = none).")
@@ -95,7 +96,7 @@ def main(argv):
   sysm = system_lib.build(c)
   spec = sysm.featurizer.spec
   A = sysm.space.size
-  model = train_lib.make_model(c)
+  model = training.make_model(c)
   opt = ppo.make_optimizer(learning_rate=3e-4, value_lr_multiplier=2.0, max_grad_norm=0.5)
   state0 = train_lib.init_state(model, sysm.featurizer, opt, 0)
   mesh = parallel.make_mesh(_DEVICES.value)

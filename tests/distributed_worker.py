@@ -5,7 +5,7 @@ import sys
 import jax
 
 from experiments.configs import test as test_config
-from gp_jax.rl import train as train_lib
+from gp_jax.runs import train as training
 
 
 def config(port: int, n: int, rank: int):
@@ -21,6 +21,6 @@ def config(port: int, n: int, rank: int):
 
 if __name__ == "__main__":
   port, n, rank, workdir = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
-  train_lib.train(config(port, n, rank), workdir, verbose=False)
+  training.train(config(port, n, rank), workdir, verbose=False)
   print(f"DONE process {jax.process_index()} of {jax.process_count()}, "
         f"{len(jax.local_devices())} of {len(jax.devices())} devices")

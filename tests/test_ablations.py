@@ -19,6 +19,7 @@ from gp_jax.rl import rollout
 from gp_jax.rl import train as train_lib
 from gp_jax.runs import evaluate as evaluation
 from gp_jax.runs import system as system_lib
+from gp_jax.runs import train as training
 
 A, F, D, M = 6, 5, 7, 4
 
@@ -193,7 +194,7 @@ def test_update_sees_what_decisions_saw_without_retracing(sysm, mode):
   cfg.model.history = mode
   feat, A = sysm.featurizer, sysm.space.size
   bsz = train_lib.batch_size_for(8, sysm.mdp_cfg.max_calls(), 2)
-  model = train_lib.make_model(cfg, feat.spec)
+  model = training.make_model(cfg, feat.spec)
   opt = ppo.make_optimizer(learning_rate=1e-2, value_lr_multiplier=2.0, max_grad_norm=0.5)
   update = ppo.make_update_fn(model, opt, epochs=1, num_minibatches=2, clip_eps=0.2,
                               value_coef=0.5, entropy_coef=0.0, num_chunks=bsz + 1, max_traces=1)
@@ -231,9 +232,9 @@ def test_train_and_evaluate_each_ablation(tmp_path, sysm, encoder, history):
   cfg = test_config.get_config()
   cfg.model.encoder, cfg.model.history = encoder, history
   cfg.train.episodes = 32
-  summary = train_lib.train(cfg, tmp_path, system=sysm, verbose=False)
+  summary = training.train(cfg, tmp_path, system=sysm, verbose=False)
   assert summary["episodes"] == 32
-  model, params, hist = train_lib.load_router(cfg, tmp_path, sysm)
+  model, params, hist = training.load_router(cfg, tmp_path, sysm)
   assert model.encoder == encoder and len(hist) > 0
   rows = evaluation.evaluate(sysm, float(cfg.alpha), router=(model, params, hist), baselines=False,
                              optimum=False, parallel=8)
@@ -253,4 +254,4 @@ def test_bad_model_config_is_one_config_error(field, value, message):
   if field == "attention_heads":
     cfg.model.encoder = "transformer"
   with pytest.raises(errors.ConfigError, match=message):
-    train_lib.make_model(cfg)
+    training.make_model(cfg)

@@ -21,6 +21,7 @@ from gp_jax.rl import rollout
 from gp_jax.rl import train as train_lib
 from gp_jax.runs import pipeline
 from gp_jax.runs import system as system_lib
+from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
@@ -55,7 +56,7 @@ def system():
 def whole(tmp_path_factory, system):
   """An uninterrupted run (and its evaluation)."""
   wd = tmp_path_factory.mktemp("whole")
-  train_lib.train(config(), wd, system=system, verbose=False)
+  training.train(config(), wd, system=system, verbose=False)
   pipeline.evaluate_run(config(), wd, system=system, verbose=False)
   report = json.loads((wd / "eval.json").read_text())
   assert report["simulated"] is True and report["pool"] == {}   # the simulator keeps no counters
@@ -80,7 +81,7 @@ def interrupt_at(monkeypatch, iteration):
 def interrupted_run(monkeypatch, wd, system, iteration):
   restore = interrupt_at(monkeypatch, iteration)
   with pytest.raises(KeyboardInterrupt):
-    train_lib.train(config(), wd, system=system, verbose=False)
+    training.train(config(), wd, system=system, verbose=False)
   restore()
 
 
@@ -90,7 +91,7 @@ def test_resume_after_best_saved_past_latest(whole, system, tmp_path, monkeypatc
   interrupted_run(monkeypatch, tmp_path, system, 7)
   assert steps(tmp_path, "latest") == [4]
   assert max(steps(tmp_path, "best")) > 4, "the scenario needs a best step past the latest"
-  train_lib.train(config(), tmp_path, system=system, verbose=False)
+  training.train(config(), tmp_path, system=system, verbose=False)
   assert metrics(tmp_path) == metrics(whole)
   assert steps(tmp_path, "latest") == steps(whole, "latest")
   assert steps(tmp_path, "best") == steps(whole, "best")
@@ -118,13 +119,13 @@ def test_damaged_latest_falls_back_to_the_previous_step(whole, system, tmp_path,
   """A truncated file of the newest latest step: one warning line, the previous step resumed, and
   the run ends as the uninterrupted one. On the old code: a traceback from orbax."""
   run = tmp_path / "run"
-  train_lib.train(config(), run, system=system, verbose=False)
+  training.train(config(), run, system=system, verbose=False)
   newest = max(steps(run, "latest"))
   biggest = max((p for p in (run / "checkpoints" / "latest" / str(newest) / part).rglob("*")
                  if p.is_file() and p.name != "commit_success.txt"), key=lambda p: p.stat().st_size)
   truncate(biggest)
   capsys.readouterr()
-  train_lib.train(config(), run, system=system, verbose=False)
+  training.train(config(), run, system=system, verbose=False)
   err = capsys.readouterr().err
   warnings = [l for l in err.splitlines() if l.startswith("warning: damaged checkpoint")]
   assert len(warnings) == 1 and str(biggest) in warnings[0], err
@@ -169,7 +170,7 @@ def test_damaged_best_is_an_error_at_evaluation(whole, system, tmp_path):
   path = tmp_path / "w" / "checkpoints" / "best" / str(best) / "meta" / "metadata"
   truncate(path)
   with pytest.raises(errors.DataError, match="best checkpoint is damaged: " + str(path)):
-    train_lib.load_router(config(), tmp_path / "w", system)
+    training.load_router(config(), tmp_path / "w", system)
 
 
 def test_partial_last_metrics_line_is_dropped(tmp_path):
@@ -199,12 +200,12 @@ def test_disk_full_during_a_checkpoint_keeps_the_previous_one(whole, system, tmp
   cfg.train.episodes = 12 * cfg.train.episodes_per_iter
   with pytest.raises(errors.StorageError, match="No space left on device.*previous checkpoints "
                                                 "are intact"):
-    train_lib.train(cfg, tmp_path, system=system, verbose=False)
+    training.train(cfg, tmp_path, system=system, verbose=False)
   assert steps(tmp_path, "latest") == [4]
   assert not [p for p in (tmp_path / "checkpoints" / "latest").iterdir() if p.name != "4"]
   assert checkpoint_lib.check_integrity(tmp_path / "checkpoints" / "latest" / "4") is None
   monkeypatch.setattr(checkpoint_lib, "write_integrity", real)
-  train_lib.train(cfg, tmp_path, system=system, verbose=False)
+  training.train(cfg, tmp_path, system=system, verbose=False)
   assert len(metrics(tmp_path)) == 12
 
 

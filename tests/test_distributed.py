@@ -19,8 +19,8 @@ import jax
 import numpy as np
 import pytest
 
-from gp_jax.rl import train as train_lib
 from gp_jax.runs import system as system_lib
+from gp_jax.runs import train as training
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "tests"))
@@ -64,7 +64,7 @@ def metrics(workdir):
 
 def params(workdir):
   cfg = distributed_worker.config(0, 1, 0)
-  _, p, history = train_lib.load_router(cfg, workdir, system_lib.build(cfg), best=False)
+  _, p, history = training.load_router(cfg, workdir, system_lib.build(cfg), best=False)
   return [np.asarray(x) for x in jax.tree_util.tree_leaves(p)], len(history)
 
 

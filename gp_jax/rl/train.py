@@ -1,18 +1,22 @@
 """GraphPlanner training: rollouts on the routing MDP, jitted PPO updates, checkpoints, metrics.
 
-`train_and_evaluate(config, workdir)` is the whole run. The host loop (not jittable: LLM calls) per
-iteration: roll out `episodes_per_iter` training queries with the sampled policy, build one padded
-batch (GAE in JAX), apply the jitted PPO update, evict history beyond capacity, refresh the history
-hub sums for the new parameters, log, checkpoint. Resuming from `workdir` continues from the latest
-checkpoint (params, optimizer, history memory, PRNG state, counters) and reproduces the run.
+`train(workdir, env=..., model=..., update=..., settings=...)` is the learner's whole run, given
+explicit pieces (gp_jax/runs/train.py assembles them from a config). The host loop (not jittable:
+LLM calls) per iteration: roll out `episodes_per_iter` training queries with the sampled policy,
+build one padded batch (GAE in JAX), apply the jitted PPO update, evict history beyond capacity,
+refresh the history hub sums for the new parameters, log, checkpoint. Resuming from `workdir`
+continues from the latest checkpoint (params, optimizer, history memory, PRNG state, counters) and
+reproduces the run.
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 import pathlib
 import sys
 import time
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -29,9 +33,9 @@ from gp_jax.rl import gae as gae_lib
 from gp_jax.rl import parallel
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
-from gp_jax.runs import system as system_lib
-from gp_jax.runs import workdir as workdir_config
+from gp_jax.types import Query
 from gp_jax.util import aio
+from gp_jax.workflow import env as env_lib
 
 
 def batch_size_for(episodes_per_iter: int, max_calls: int, num_minibatches: int,
@@ -141,53 +145,8 @@ class MetricsLog:
       f.write(json.dumps(record, sort_keys=True) + "\n")
 
 
-HISTORY_MODES = ("transductive", "inductive", "summary", "retrieval")
+HISTORY_MODES = ("transductive", "inductive", "summary", "retrieval")   # model.history
 SCHEDULES = ("constant", "linear")   # ppo.lr_schedule and ppo.entropy_schedule
-# Config fields a resumed training run may change (gp_jax/runs/workdir.py).
-TRAIN_CONFIG_FREE = ("sweep", "study", "eval", "train.checkpoint_every", "parallel")
-
-
-def make_model(config, spec: features_lib.FeatureSpec | None = None) -> garnet_lib.GARNet:
-  """The GARNet (or ablation) of config.model: encoder, history mode, retrieval_k, heads.
-
-  spec: the feature spec (needed by the homogeneous encoder, whose shared input transform spans
-  the widest table; without it the width comes from config.text.dim and config.model.mem_proj).
-  """
-  m = config.model
-  history = m.history
-  encoder = m.get("encoder", "garnet")
-  k = m.get("retrieval_k", 5)
-  heads = m.get("attention_heads", 4)
-  if history not in HISTORY_MODES:
-    raise errors.ConfigError(f"config.model.history must be one of {', '.join(HISTORY_MODES)}; "
-                             f"got {history!r}")
-  if encoder not in garnet_lib.ENCODERS:
-    raise errors.ConfigError(f"config.model.encoder must be one of "
-                             f"{', '.join(garnet_lib.ENCODERS)}; got {encoder!r}")
-  if not isinstance(k, int) or k < 1:
-    raise errors.ConfigError(f"config.model.retrieval_k must be an integer >= 1, got {k!r}")
-  if encoder == "transformer" and (heads < 1 or int(m.hidden) % heads):
-    raise errors.ConfigError(f"config.model.attention_heads ({heads}) must divide "
-                             f"config.model.hidden ({m.hidden}) for the transformer encoder")
-  kw = {}
-  if encoder != "garnet":
-    kw["encoder"] = encoder
-  if encoder == "homogeneous":
-    if spec is not None:
-      text, row = spec.text_dim, spec.row_dim
-    else:
-      text = int(config.text.dim)
-      row = 2 * (int(m.mem_proj) or text) + 3
-    kw["input_width"] = max(2 * text, row)
-  if encoder == "transformer":
-    kw["heads"] = int(heads)
-  if history == "summary":
-    kw["history_input"] = "summary"
-  if history == "retrieval":
-    kw["retrieval_k"] = int(k)
-  return garnet_lib.GARNet(hidden=int(m.hidden), num_layers=int(m.num_layers),
-                           mlp_hidden=int(m.mlp_hidden),
-                           use_history=history in ("transductive", "summary"), **kw)
 
 
 def init_state(model, featurizer, optimizer, seed: int) -> ppo.TrainingState:
@@ -240,17 +199,7 @@ def make_optimizer(config):
                             final_fraction=float(p.get("lr_final_fraction", 0.0)))
 
 
-def make_mesh(config, *, local: bool = False):
-  """The learner's device mesh of config.parallel.devices (0 or absent = all devices); local: this
-  process's devices only (the rollout's history refresh)."""
-  par = config.get("parallel") or {}
-  devices = int(par.get("devices", 0))
-  if devices < 0:
-    raise errors.ConfigError(f"config.parallel.devices must be >= 0 (0 = all), got {devices}")
-  return parallel.make_mesh(devices, local=local)
-
-
-def make_update(config, system: system_lib.System, model, optimizer, episodes: int, mesh=None):
+def make_update(config, system, model, optimizer, episodes: int, mesh=None):
   """(jitted PPO update, padded batch size) for updates over `episodes` episodes of `system`.
 
   mesh: the learner's device mesh (make_mesh); None = one device."""
@@ -270,94 +219,140 @@ def make_update(config, system: system_lib.System, model, optimizer, episodes: i
   return update, batch_size
 
 
-def enable_compile_cache(path: str) -> None:
-  """Keeps compiled XLA programs on disk so repeated runs (and resumes) skip recompiling."""
-  if path:
-    path = str(pathlib.Path(path).expanduser())
-    pathlib.Path(path).mkdir(parents=True, exist_ok=True)
-    jax.config.update("jax_compilation_cache_dir", path)
-    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
-
-
-def init_distributed(config) -> None:
-  """Joins the multi-process job of config.parallel when parallel.distributed is set (before any
-  other JAX work; a no-op once joined or when the section is absent)."""
-  par = config.get("parallel")
-  if par is None or not par.get("distributed", False):
-    return
-  parallel.initialize(coordinator=str(par.get("coordinator", "")),
-                      num_processes=int(par.get("num_processes", 0)),
-                      process_id=int(par.get("process_id", -1)))
-
-
 def _shares(n: int, parts: int) -> list[tuple[int, int]]:
   """Contiguous (start, stop) slices of n items over `parts` processes, sizes differing by <= 1."""
   cuts = [n * p // parts for p in range(parts + 1)]
   return list(zip(cuts[:-1], cuts[1:]))
 
 
-def _validate(config) -> None:
-  t, p = config.train, config.ppo
-  checks = [(t.episodes >= 1, "train.episodes >= 1"), (t.episodes_per_iter >= 1, "train.episodes_per_iter >= 1"),
-            (t.parallel >= 1, "train.parallel >= 1"), (p.epochs >= 1, "ppo.epochs >= 1"),
-            (p.num_minibatches >= 1, "ppo.num_minibatches >= 1"), (0 < p.clip_eps < 1, "0 < ppo.clip_eps < 1"),
-            (p.learning_rate > 0, "ppo.learning_rate > 0"), (0 <= p.gamma <= 1, "0 <= ppo.gamma <= 1"),
-            (0 <= p.gae_lambda <= 1, "0 <= ppo.gae_lambda <= 1"), (config.alpha >= 0, "alpha >= 0"),
-            (0 <= p.get("lr_final_fraction", 0.0) <= 1, "0 <= ppo.lr_final_fraction <= 1"),
-            (0 <= p.get("entropy_final_fraction", 0.0) <= 1, "0 <= ppo.entropy_final_fraction <= 1"),
-            (config.model.history_capacity >= 0, "model.history_capacity >= 0"),
-            (t.checkpoint_every >= 1, "train.checkpoint_every >= 1"),
-            (t.get("padding", "fixed") in PADDINGS, f"train.padding in {PADDINGS}")]
-  for ok, what in checks:
-    if not ok:
-      raise errors.ConfigError(f"invalid config: need {what}")
-  _lr_decay_steps(config)
-  _entropy_decay_updates(config)
+@dataclasses.dataclass(frozen=True)
+class LoopSettings:
+  """The host loop's plain settings (the run layer reads them from config.train, .ppo, .model).
+
+  Attributes:
+    episodes: training episodes of the run; ceil(episodes / episodes_per_iter) iterations.
+    episodes_per_iter: episodes rolled out per PPO update.
+    parallel: episodes in flight at once, over all processes.
+    seed: the run's seed: parameter init, query order, rollout keys.
+    checkpoint_every: iterations between "latest" checkpoints (the last iteration always saves;
+      the best by running reward is saved whenever it improves).
+    entropy_stop: the run stops early once the policy entropy of an update falls below this.
+    gamma: discount of the batch's advantages.
+    gae_lambda: GAE lambda of the batch's advantages.
+    history: the history mode (HISTORY_MODES): which memory the decisions read and grow.
+    history_capacity: rows the history memory keeps after each update's eviction.
+  """
+  episodes: int
+  episodes_per_iter: int
+  parallel: int
+  seed: int
+  checkpoint_every: int
+  entropy_stop: float
+  gamma: float
+  gae_lambda: float
+  history: str
+  history_capacity: int
+
+  @property
+  def iterations(self) -> int:
+    return math.ceil(self.episodes / self.episodes_per_iter)
 
 
-def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | None = None,
-          verbose: bool = True) -> dict:
-  """Trains a router; returns a summary. Resumes from the latest checkpoint in workdir."""
-  _validate(config)
-  make_model(config)   # config errors before anything is built
-  init_distributed(config)
-  # Several processes: each runs its share of the rollouts; the learner is one SPMD program;
-  # only process 0 writes metrics and prints (checkpoints are written by all, as orbax needs).
-  procs, rank = jax.process_count(), jax.process_index()
-  verbose = verbose and rank == 0
-  mesh = make_mesh(config)   # too many devices asked: error before the workdir is touched
-  enable_compile_cache(config.get("compile_cache", ""))
+@dataclasses.dataclass
+class _Loop:
+  """What every iteration of one run uses (built once by `train`)."""
+  env: env_lib.WorkflowEnv
+  featurizer: features_lib.Featurizer
+  queries: list[Query]
+  update: Callable
+  batch_size: int
+  buckets: list[int] | None
+  settings: LoopSettings
+  history: history_lib.HistoryMemory
+  runner: rollout.PolicyRunner
+  hub_features: jax.Array
+  slots: int   # episodes in flight per process
+
+
+def train(workdir: str | pathlib.Path, *, env: env_lib.WorkflowEnv,
+          featurizer: features_lib.Featurizer, queries: list[Query], model: garnet_lib.GARNet,
+          optimizer, update: Callable, batch_size: int, settings: LoopSettings,
+          buckets: list[int] | None = None, rollout_mesh=None, verbose: bool = True) -> dict:
+  """Trains the policy `model` on `env` with PPO; resumes from the latest checkpoint in workdir.
+
+  The caller (gp_jax/runs/train.py) has checked workdir's config record. Several processes
+  (jax.distributed): each runs its share of the rollouts, the update is one SPMD program, only
+  process 0 writes metrics; checkpoints are written by all, as orbax needs.
+
+  Args:
+    workdir: checkpoints/ and metrics.jsonl go here.
+    env: the routing environment; its pool's counters are logged, its action space sizes the
+      history memory.
+    featurizer: observations of the env's states (spec, hub features).
+    queries: the training queries, drawn in per-epoch shuffles of settings.seed.
+    model: the policy-value network (GARNet or an ablation).
+    optimizer: the PPO optimizer; the state's opt_state is made with it.
+    update: the jitted PPO update, (state, hub_features [A, F], hist_inputs, batch) ->
+      (state, metrics).
+    batch_size: padded transitions of every update (with buckets: the largest bucket).
+    settings: the loop's plain settings.
+    buckets: padded batch sizes to choose from per iteration (None: always batch_size).
+    rollout_mesh: this process's devices for the rollouts' history refresh (None: one device).
+    verbose: progress bar and resume note (pass False on processes other than 0).
+  Returns:
+    iteration, episodes, running_reward, best_running, best_iteration, stopped_early of the
+    last iteration, and train_seconds (this call's wall time).
+  """
   workdir = pathlib.Path(workdir)
-  # A resumed run must use the config its checkpoints were made with (the sweep's and studies'
-  # sections, evaluation switches and checkpoint spacing do not change what is trained).
-  if rank == 0:   # several processes: process 0 records, the others then only compare
-    workdir_config.check_or_record(workdir, config, ignore=TRAIN_CONFIG_FREE, what="training run")
-  parallel.barrier("workdir config")
-  if rank != 0:
-    workdir_config.check_or_record(workdir, config, ignore=TRAIN_CONFIG_FREE, what="training run")
-  if verbose:
-    progress_lib.note(f"[train] {workdir}: {_num_updates(config)} iterations of "
-                      f"{config.train.episodes_per_iter} episodes; compiling first (a minute or "
-                      f"more without a warm XLA cache)")
-  sysm = system or system_lib.build(config)
-  env = sysm.env(float(config.alpha), reward=config.train.get("reward", "sampled"))
-  model = make_model(config, sysm.featurizer.spec)
-  p = config.ppo
-  optimizer = make_optimizer(config)
-  state = init_state(model, sysm.featurizer, optimizer, config.seed)
-  update, batch_size = make_update(config, sysm, model, optimizer,
-                                   int(config.train.episodes_per_iter), mesh)
+  procs, rank = jax.process_count(), jax.process_index()
+  state = init_state(model, featurizer, optimizer, settings.seed)
   # The history memory grows in every mode but inductive; only transductive sums its rows.
-  buckets = None   # fixed padding: every batch is batch_size transitions
-  if config.train.get("padding", "fixed") == "buckets":
-    buckets = padding_buckets(batch_size, batch_size_for(1, 1, int(p.num_minibatches), mesh.size))
-  transductive = config.model.history == "transductive"
-  memory = config.model.history != "inductive"
-  summary = config.model.history == "summary"
-  history = history_lib.HistoryMemory(sysm.featurizer.spec.row_dim, sysm.space.size,
-                                      capacity=int(config.model.history_capacity),
+  history = history_lib.HistoryMemory(featurizer.spec.row_dim, env.space.size,
+                                      capacity=int(settings.history_capacity),
                                       headroom=batch_size)
   ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints")
+  state, meta = _restore(ckpt, state, history, verbose)
+  # Steps past the restored state (a best saved after the last latest, a damaged step) are
+  # written again by this run; left in place they would collide with it or be evaluated.
+  # Every process calls it: orbax's delete ends in a barrier of all processes.
+  ckpt.discard_after(meta["iteration"])
+  log = MetricsLog(workdir / "metrics.jsonl", meta["iteration"]) if rank == 0 else None
+  slots = -(-int(settings.parallel) // procs)
+  runner = rollout.PolicyRunner(model, featurizer.hub_features, slots * procs,
+                                featurizer=featurizer, mesh=rollout_mesh)
+  loop = _Loop(env=env, featurizer=featurizer, queries=queries, update=update,
+               batch_size=batch_size, buckets=buckets, settings=settings, history=history,
+               runner=runner, hub_features=jnp.asarray(featurizer.hub_features), slots=slots)
+  runner.set_params(state.params, history if _grows(settings) else None)
+  n_iters = settings.iterations
+  t0 = time.time()
+  bar = None
+  if verbose and meta["iteration"] + 1 < n_iters and not meta["stopped_early"]:
+    bar = progress_lib.Progress("train", n_iters, unit="iter")
+  for it in range(meta["iteration"] + 1, n_iters):
+    if meta["stopped_early"]:
+      break
+    state, rec = _iteration(loop, state, meta, it)
+    if log is not None:
+      log.write(rec)
+    if bar is not None:
+      bar.update(it + 1, episodes=meta["episodes"], reward=f"{rec['episode_return']:+.3f}",
+                 running=f"{meta['running_reward']:+.3f}", entropy=f"{rec['entropy']:.2f}")
+    _checkpoint(ckpt, loop, state, meta, it, rec["entropy"])
+  if bar is not None:
+    bar.close()
+  ckpt.close()
+  return dict(meta, train_seconds=time.time() - t0)
+
+
+def _grows(settings: LoopSettings) -> bool:
+  """Whether finished episodes join the history memory (every mode but inductive)."""
+  return settings.history != "inductive"
+
+
+def _restore(ckpt: checkpoint_lib.Checkpointer, state: ppo.TrainingState,
+             history: history_lib.HistoryMemory, verbose: bool) -> tuple[ppo.TrainingState, dict]:
+  """(state, meta) of the latest checkpoint (history restored in place), or of a fresh run."""
   meta = dict(iteration=-1, episodes=0, running_reward=None, best_running=-math.inf,
               best_iteration=-1, stopped_early=False)
   try:
@@ -371,87 +366,88 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
     if verbose:
       print(f"resumed from iteration {meta['iteration']} ({meta['episodes']} episodes, "
             f"{len(history)} history rows)", file=sys.stderr)
-  # Steps past the restored state (a best saved after the last latest, a damaged step) are
-  # written again by this run; left in place they would collide with it or be evaluated.
-  # Every process calls it: orbax's delete ends in a barrier of all processes.
-  ckpt.discard_after(meta["iteration"])
-  log = MetricsLog(workdir / "metrics.jsonl", meta["iteration"]) if rank == 0 else None
-  slots = -(-int(config.train.parallel) // procs)   # episodes in flight per process
-  runner = rollout.PolicyRunner(model, sysm.featurizer.hub_features, slots * procs,
-                                featurizer=sysm.featurizer, mesh=make_mesh(config, local=True))
-  runner.set_params(state.params, history if memory else None)
-  hub_features = jnp.asarray(sysm.featurizer.hub_features)
-  n_iters = math.ceil(config.train.episodes / config.train.episodes_per_iter)
-  queries = sysm.train_queries
-  t0 = time.time()
-  bar = None
-  if verbose and meta["iteration"] + 1 < n_iters and not meta["stopped_early"]:
-    bar = progress_lib.Progress("train", n_iters, unit="iter")
-  for it in range(meta["iteration"] + 1, n_iters):
-    if meta["stopped_early"]:
-      break
-    start = it * config.train.episodes_per_iter
-    batch_q = [queries[i] for i in _query_order(len(queries), config.seed, start,
-                                                 config.train.episodes_per_iter)]
-    shard = None
-    if procs > 1:
-      lo, hi = _shares(len(batch_q), procs)[rank]
-      batch_q = batch_q[lo:hi]
-      shard = rollout.RolloutShard(index_offset=lo, slots=slots,
-                                   allgather=parallel.allgather_objects)
-    t_roll = time.time()
-    episodes = aio.run(rollout.run_episodes(
-        env, sysm.featurizer, runner, batch_q, key=jax.random.fold_in(jax.random.PRNGKey(config.seed + 1), it),
-        greedy=False, history=history if memory else None, grow_history=memory,
-        seed_salt=(config.seed, it), shard=shard))
-    if procs > 1:   # every process builds the same batch from all the episodes, in query order
-      episodes = [e for part in parallel.allgather_objects(episodes) for e in part]
-    t_upd = time.time()
-    size = batch_size if buckets is None else padded_size(
-        sum(len(e.rewards) for e in episodes), buckets)
-    batch, hist_inputs = build_batch(episodes, history if transductive else None,
-                                     gamma=p.gamma, gae_lambda=p.gae_lambda, batch_size=size,
-                                     num_hubs=sysm.space.size)
-    if summary:   # the summary every decision of this iteration read
-      hist_inputs["summary"] = runner.history_input_array()
-    state, m = update(state, hub_features, hist_inputs, batch)
-    m = {k: float(v) for k, v in jax.device_get(m).items()}
-    history.evict()
-    runner.set_params(state.params, history if memory else None)
-    ret = float(np.mean([e.episode_return for e in episodes]))
-    meta["running_reward"] = ret if meta["running_reward"] is None else 0.9 * meta["running_reward"] + 0.1 * ret
-    meta["iteration"], meta["episodes"] = it, start + len(episodes)
-    rec = dict(iteration=it, episodes=meta["episodes"], episode_return=ret,
-               running_reward=meta["running_reward"],
-               utility=float(np.mean([e.utility for e in episodes])),
-               cost=float(np.mean([env.cost_units(e.state) for e in episodes])),
-               calls=float(np.mean([len(e.state.calls) for e in episodes])),
-               failed_calls=int(sum(c.error is not None for e in episodes for c in e.state.calls)),
-               transitions=int(sum(len(e.rewards) for e in episodes)), history_rows=len(history),
-               rollout_s=t_upd - t_roll, update_s=time.time() - t_upd,
-               padded_transitions=size, update_compiles=ppo.compile_count(update), **m)
-    # Backend counters (calls, failures by kind, retries...) of real pools, cumulative.
-    rec.update({f"pool/{k}": v for k, v in sysm.pool.stats().items()
-                if isinstance(v, (int, float))})
-    if log is not None:
-      log.write(rec)
-    if bar is not None:
-      bar.update(it + 1, episodes=meta["episodes"], reward=f"{ret:+.3f}",
-                 running=f"{meta['running_reward']:+.3f}", entropy=f"{m['entropy']:.2f}")
-    is_best = meta["running_reward"] > meta["best_running"]
-    if is_best:
-      meta["best_running"], meta["best_iteration"] = meta["running_reward"], it
-    if m["entropy"] < config.ppo.entropy_stop:
-      meta["stopped_early"] = True
-    last = it == n_iters - 1 or meta["stopped_early"]
-    if is_best:
-      ckpt.save(it, state, history, meta, best=True)
-    if (it + 1) % config.train.checkpoint_every == 0 or last:
-      ckpt.save(it, state, history, meta)
-  if bar is not None:
-    bar.close()
-  ckpt.close()
-  return dict(meta, train_seconds=time.time() - t0)
+  return state, meta
+
+
+def _rollouts(loop: _Loop, it: int) -> list[rollout.Episode]:
+  """The episodes of iteration `it`, in query order (several processes: each rolls out its
+  share, then all gather every episode)."""
+  s = loop.settings
+  procs, rank = jax.process_count(), jax.process_index()
+  start = it * s.episodes_per_iter
+  batch_q = [loop.queries[i] for i in _query_order(len(loop.queries), s.seed, start,
+                                                    s.episodes_per_iter)]
+  shard = None
+  if procs > 1:
+    lo, hi = _shares(len(batch_q), procs)[rank]
+    batch_q = batch_q[lo:hi]
+    shard = rollout.RolloutShard(index_offset=lo, slots=loop.slots,
+                                 allgather=parallel.allgather_objects)
+  memory = _grows(s)
+  history = loop.history if memory else None
+  episodes = aio.run(rollout.run_episodes(
+      loop.env, loop.featurizer, loop.runner, batch_q,
+      key=jax.random.fold_in(jax.random.PRNGKey(s.seed + 1), it),
+      greedy=False, history=history, grow_history=memory, seed_salt=(s.seed, it), shard=shard))
+  if procs > 1:   # every process builds the same batch from all the episodes, in query order
+    episodes = [e for part in parallel.allgather_objects(episodes) for e in part]
+  return episodes
+
+
+def _iteration(loop: _Loop, state: ppo.TrainingState, meta: dict,
+               it: int) -> tuple[ppo.TrainingState, dict]:
+  """One iteration: rollouts, one PPO update, history eviction and refresh; updates meta and
+  returns (new state, the metrics record)."""
+  s = loop.settings
+  t_roll = time.time()
+  episodes = _rollouts(loop, it)
+  t_upd = time.time()
+  size = loop.batch_size if loop.buckets is None else padded_size(
+      sum(len(e.rewards) for e in episodes), loop.buckets)
+  batch, hist_inputs = build_batch(episodes, loop.history if s.history == "transductive" else None,
+                                   gamma=s.gamma, gae_lambda=s.gae_lambda, batch_size=size,
+                                   num_hubs=loop.env.space.size)
+  if s.history == "summary":   # the summary every decision of this iteration read
+    hist_inputs["summary"] = loop.runner.history_input_array()
+  state, m = loop.update(state, loop.hub_features, hist_inputs, batch)
+  m = {k: float(v) for k, v in jax.device_get(m).items()}
+  loop.history.evict()
+  loop.runner.set_params(state.params, loop.history if _grows(s) else None)
+  ret = float(np.mean([e.episode_return for e in episodes]))
+  meta["running_reward"] = ret if meta["running_reward"] is None else 0.9 * meta["running_reward"] + 0.1 * ret
+  meta["iteration"], meta["episodes"] = it, it * s.episodes_per_iter + len(episodes)
+  env = loop.env
+  rec = dict(iteration=it, episodes=meta["episodes"], episode_return=ret,
+             running_reward=meta["running_reward"],
+             utility=float(np.mean([e.utility for e in episodes])),
+             cost=float(np.mean([env.cost_units(e.state) for e in episodes])),
+             calls=float(np.mean([len(e.state.calls) for e in episodes])),
+             failed_calls=int(sum(c.error is not None for e in episodes for c in e.state.calls)),
+             transitions=int(sum(len(e.rewards) for e in episodes)),
+             history_rows=len(loop.history), rollout_s=t_upd - t_roll,
+             update_s=time.time() - t_upd, padded_transitions=size,
+             update_compiles=ppo.compile_count(loop.update), **m)
+  # Backend counters (calls, failures by kind, retries...) of real pools, cumulative.
+  rec.update({f"pool/{k}": v for k, v in env.pool.stats().items() if isinstance(v, (int, float))})
+  return state, rec
+
+
+def _checkpoint(ckpt: checkpoint_lib.Checkpointer, loop: _Loop, state: ppo.TrainingState,
+                meta: dict, it: int, entropy: float) -> None:
+  """Best and early-stop bookkeeping of iteration `it`, then its checkpoints: the best one when
+  the running reward improved, the latest one every checkpoint_every iterations and at the end."""
+  s = loop.settings
+  is_best = meta["running_reward"] > meta["best_running"]
+  if is_best:
+    meta["best_running"], meta["best_iteration"] = meta["running_reward"], it
+  if entropy < s.entropy_stop:
+    meta["stopped_early"] = True
+  last = it == s.iterations - 1 or meta["stopped_early"]
+  if is_best:
+    ckpt.save(it, state, loop.history, meta, best=True)
+  if (it + 1) % s.checkpoint_every == 0 or last:
+    ckpt.save(it, state, loop.history, meta)
+
 
 
 def _query_order(n: int, seed: int, start: int, count: int) -> list[int]:
@@ -464,16 +460,26 @@ def _query_order(n: int, seed: int, start: int, count: int) -> list[int]:
   return out
 
 
-def load_router(config, workdir, system: system_lib.System, *, best: bool = True):
-  """(model, params, history) from a run's checkpoint (best by running reward, or latest).
+def restore_policy(checkpoints: str | pathlib.Path, model: garnet_lib.GARNet,
+                   featurizer: features_lib.Featurizer, optimizer, *, seed: int, num_hubs: int,
+                   history_capacity: int, best: bool = True
+                   ) -> tuple[dict, history_lib.HistoryMemory]:
+  """(params, history) of a run's checkpoint: the best by running reward (falling back to the
+  latest when there is no best), or the latest.
 
-  Evaluate with the returned history for the transductive, summary and retrieval modes (they read
-  it), None for inductive."""
-  model = make_model(config, system.featurizer.spec)
-  state = init_state(model, system.featurizer, make_optimizer(config), config.seed)
-  history = history_lib.HistoryMemory(system.featurizer.spec.row_dim, system.space.size,
-                                      capacity=int(config.model.history_capacity))
-  ckpt = checkpoint_lib.Checkpointer(pathlib.Path(workdir) / "checkpoints", read_only=True)
+  Args:
+    checkpoints: the run's checkpoints/ folder (opened read-only).
+    model, featurizer, optimizer, seed: as in training (they give the state's structure).
+    num_hubs: the action space size (hubs of the history memory).
+    history_capacity: rows the history memory keeps.
+  Raises:
+    ConfigError: no checkpoint there.
+  """
+  state = init_state(model, featurizer, optimizer, seed)
+  history = history_lib.HistoryMemory(featurizer.spec.row_dim, num_hubs,
+                                      capacity=int(history_capacity))
+  checkpoints = pathlib.Path(checkpoints)
+  ckpt = checkpoint_lib.Checkpointer(checkpoints, read_only=True)
   try:
     restored = ckpt.restore(jax.tree_util.tree_map(np.asarray, state), history, best=best)
     if restored is None:
@@ -481,6 +487,6 @@ def load_router(config, workdir, system: system_lib.System, *, best: bool = True
   finally:
     ckpt.close()
   if restored is None:
-    raise errors.ConfigError(f"no checkpoint in {workdir}/checkpoints: train first")
+    raise errors.ConfigError(f"no checkpoint in {checkpoints}: train first")
   state, _ = restored
-  return model, jax.tree_util.tree_map(jnp.asarray, state.params), history
+  return jax.tree_util.tree_map(jnp.asarray, state.params), history

@@ -6,9 +6,9 @@ import time
 
 import jax
 
-from gp_jax.rl import train as train_lib
 from gp_jax.runs import evaluate as evaluation
 from gp_jax.runs import system as system_lib
+from gp_jax.runs import train as training
 
 
 def evaluate_run(config, workdir, *, tag: str = "eval", system=None, verbose: bool = True) -> dict:
@@ -18,7 +18,7 @@ def evaluate_run(config, workdir, *, tag: str = "eval", system=None, verbose: bo
   evaluates and writes; the others return {}."""
   t0 = time.time()
   system = system or system_lib.build(config)
-  model, params, history = train_lib.load_router(config, workdir, system)
+  model, params, history = training.load_router(config, workdir, system)
   if jax.process_index() != 0:
     return {}
   hist = None if config.model.history == "inductive" else history   # summary/retrieval read it too
@@ -49,9 +49,9 @@ def evaluate_run(config, workdir, *, tag: str = "eval", system=None, verbose: bo
 def train_and_evaluate(config, workdir, *, evaluate: bool = True, verbose: bool = True) -> dict:
   """Several processes (config.parallel.distributed): all train; process 0 alone reports and
   evaluates."""
-  train_lib.init_distributed(config)   # before any other JAX work
+  training.init_distributed(config)   # before any other JAX work
   system = system_lib.build(config)
-  summary = train_lib.train(config, workdir, system=system, verbose=verbose)
+  summary = training.train(config, workdir, system=system, verbose=verbose)
   verbose = verbose and jax.process_index() == 0
   if verbose:
     print(f"trained {summary['episodes']} episodes in {summary['train_seconds']:.0f}s "

@@ -24,9 +24,9 @@ from gp_jax import progress as progress_lib
 from gp_jax.baselines import labels as labels_lib
 from gp_jax.baselines import multi_round
 from gp_jax.baselines import single_round
-from gp_jax.rl import train as train_lib
 from gp_jax.runs import evaluate as evaluation
 from gp_jax.runs import system as system_lib
+from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
 
 CELL_FILE = "cell.json"
@@ -68,8 +68,8 @@ def run_cell(config, system, routers, alpha: float, seed: int, out: pathlib.Path
   t0 = time.time()
   cfg = config.copy_and_resolve_references()
   cfg.alpha, cfg.seed = float(alpha), int(seed)
-  summary = train_lib.train(cfg, out / "graphplanner", system=system, verbose=verbose)
-  model, params, history = train_lib.load_router(cfg, out / "graphplanner", system)
+  summary = training.train(cfg, out / "graphplanner", system=system, verbose=verbose)
+  model, params, history = training.load_router(cfg, out / "graphplanner", system)
   hist = None if cfg.model.history == "inductive" else history
   rows = evaluation.evaluate(system, alpha, router=(model, params, hist), baselines=True,
                              optimum=system.simulated, parallel=int(cfg.train.parallel),
@@ -112,13 +112,7 @@ def run_sweep(config, workdir: str | pathlib.Path, *, alphas: list[float], seeds
   Returns:
     {"ran": [(alpha, seed)], "skipped": [(alpha, seed)], "seconds": wall time}.
   """
-  if any(a < 0 for a in alphas):
-    raise errors.ConfigError(f"alphas must be >= 0, got {alphas}")
-  for name in routers:               # every name checked before any work is done
-    single_round.make_router(name, **(router_kwargs or {}))
-  for name in multi_routers:
-    multi_round.make_multi_router(name, **(multi_kwargs or {}))
-  _check_router_llm(config, (multi_kwargs or {}).get("router_llm", ""))
+  _check_grid(config, alphas, routers, router_kwargs, multi_routers, multi_kwargs)
   workdir = pathlib.Path(workdir)
   # Every cell of a workdir comes from one config; the grid may grow between reruns.
   workdir_config.check_or_record(workdir, config, ignore=("sweep.alphas", "sweep.seeds"),
@@ -132,14 +126,8 @@ def run_sweep(config, workdir: str | pathlib.Path, *, alphas: list[float], seeds
     skipped += [(a, seed) for a in alphas if a not in todo]
     if not todo:
       continue
-    cfg = config.copy_and_resolve_references()
-    cfg.seed = int(seed)
-    system = system_lib.build(cfg)   # the seed fixes the train/test queries of the cell
-    data = _labels(system, workdir, seed)
-    fitted = single_round.fit_routers(routers, data, system.catalog,
-                                      **dict(router_kwargs or {}, seed=seed))
-    multi = multi_round.fit_multi_routers(list(multi_routers), system, system.train_queries,
-                                          seed=seed, **(multi_kwargs or {}))
+    system, fitted, multi = _fit_seed(config, workdir, seed, routers, router_kwargs,
+                                      multi_routers, multi_kwargs)
     for alpha in todo:
       out = cell_dir(workdir, alpha, seed)
       out.mkdir(parents=True, exist_ok=True)
@@ -150,15 +138,46 @@ def run_sweep(config, workdir: str | pathlib.Path, *, alphas: list[float], seeds
       if cells is not None:
         cells.update(len(ran), last=f"alpha={alpha:g} seed={seed}")
       if verbose:
-        best = {r["policy"]: r["reward"] for r in rec["rows"] if r["domain"] == "all"}
-        nan = float("nan")
-        router_best = max((v for k, v in best.items() if k.startswith("router:")), default=nan)
-        print(f"alpha={alpha:g} seed={seed}: GraphPlanner {best.get('GraphPlanner', nan):.3f}, "
-              f"optimum {best.get('optimum (DP)', nan):.3f}, best router {router_best:.3f}"
-              + "".join(f", {k} {v:.3f}" for k, v in best.items()
-                        if k.startswith(multi_round.ROW_PREFIX))
-              + f" ({rec['seconds']:.0f}s)", file=sys.stderr)
+        _print_cell(rec, alpha, seed)
   return dict(ran=ran, skipped=skipped, seconds=time.time() - t0)
+
+
+def _check_grid(config, alphas, routers, router_kwargs, multi_routers, multi_kwargs) -> None:
+  """ConfigError for a negative alpha or an unknown router or router LLM, before any work."""
+  if any(a < 0 for a in alphas):
+    raise errors.ConfigError(f"alphas must be >= 0, got {alphas}")
+  for name in routers:               # every name checked before any work is done
+    single_round.make_router(name, **(router_kwargs or {}))
+  for name in multi_routers:
+    multi_round.make_multi_router(name, **(multi_kwargs or {}))
+  _check_router_llm(config, (multi_kwargs or {}).get("router_llm", ""))
+
+
+def _fit_seed(config, workdir: pathlib.Path, seed: int, routers, router_kwargs, multi_routers,
+              multi_kwargs) -> tuple[system_lib.System, dict, dict]:
+  """(system, fitted single-round routers, fitted multi-round routers) of one seed: the seed
+  fixes the train/test queries of its cells, and the routers do not depend on alpha."""
+  cfg = config.copy_and_resolve_references()
+  cfg.seed = int(seed)
+  system = system_lib.build(cfg)
+  data = _labels(system, workdir, seed)
+  fitted = single_round.fit_routers(routers, data, system.catalog,
+                                    **dict(router_kwargs or {}, seed=seed))
+  multi = multi_round.fit_multi_routers(list(multi_routers), system, system.train_queries,
+                                        seed=seed, **(multi_kwargs or {}))
+  return system, fitted, multi
+
+
+def _print_cell(rec: dict, alpha: float, seed: int) -> None:
+  """One line per finished cell on stderr: GraphPlanner, the optimum, the best router."""
+  best = {r["policy"]: r["reward"] for r in rec["rows"] if r["domain"] == "all"}
+  nan = float("nan")
+  router_best = max((v for k, v in best.items() if k.startswith("router:")), default=nan)
+  print(f"alpha={alpha:g} seed={seed}: GraphPlanner {best.get('GraphPlanner', nan):.3f}, "
+        f"optimum {best.get('optimum (DP)', nan):.3f}, best router {router_best:.3f}"
+        + "".join(f", {k} {v:.3f}" for k, v in best.items()
+                  if k.startswith(multi_round.ROW_PREFIX))
+        + f" ({rec['seconds']:.0f}s)", file=sys.stderr)
 
 
 def _check_router_llm(config, name: str) -> None:

@@ -121,6 +121,14 @@ def _order(policies) -> list[str]:
 
 
 def markdown(agg: dict, cells: list[dict], plot_name: str | None) -> str:
+  """The sweep report: setup, reward by alpha, paired gaps to GraphPlanner, one table per alpha,
+  the routers' LLM choices."""
+  out = (_setup_lines(agg, cells, plot_name) + _reward_lines(agg) + _gap_lines(cells)
+         + _alpha_lines(agg) + _pick_lines(cells))
+  return "\n".join(out) + "\n"
+
+
+def _setup_lines(agg: dict, cells: list[dict], plot_name: str | None) -> list[str]:
   seeds = sorted({c["seed"] for c in cells})
   c0 = cells[0]
   out = ["# Alpha sweep: GraphPlanner against single- and multi-round routers, single LLMs and the "
@@ -133,38 +141,55 @@ def markdown(agg: dict, cells: list[dict], plot_name: str | None) -> str:
             "'acc' the sampled one." if c0.get("simulated") else "; acc is the realised score.")]
   if plot_name:
     out += ["", f"![accuracy vs cost]({plot_name})"]
-  out += ["", "## Reward by alpha", "",
-          "| method | " + " | ".join(f"alpha={a:g}" for a in agg) + " |",
-          "|---|" + "---|" * len(agg)]
+  return out
+
+
+def _reward_lines(agg: dict) -> list[str]:
+  """Mean ± std reward of every method (rows) at every alpha (columns)."""
+  out = ["", "## Reward by alpha", "",
+         "| method | " + " | ".join(f"alpha={a:g}" for a in agg) + " |",
+         "|---|" + "---|" * len(agg)]
   all_pols = _order({p for pols in agg.values() for p in pols})
   for p in all_pols:
     out.append(f"| {p} | " + " | ".join(_pm(agg[a][p]["reward"]) if p in agg[a] else "-"
                                          for a in agg) + " |")
+  return out
+
+
+def _gap_lines(cells: list[dict]) -> list[str]:
+  """GraphPlanner's reward minus each method's, paired by seed, and the strongest baseline."""
   gaps = paired_gaps(cells)
-  if gaps:
-    alphas = list(gaps)
-    shown = _order({p for pols in gaps.values() for p in pols
-                    if not p.startswith(FIXED_LLM_PREFIX)})
-    out += ["", "## GraphPlanner minus each method, paired by seed", "",
-            "Reward of GraphPlanner minus the method's on the same test queries, mean ± std over "
-            "seeds, and in brackets the seeds where GraphPlanner is at or above it.", "",
-            "| method | " + " | ".join(f"alpha={a:g}" for a in alphas) + " |",
-            "|---|" + "---|" * len(alphas)]
-    for p in shown:
-      cols = []
-      for a in alphas:
-        g = gaps[a].get(p)
-        cols.append("-" if g is None else f"{g[0]:+.3f} ± {g[1]:.3f} ({g[2]}/{g[3]})")
-      out.append(f"| {p} | " + " | ".join(cols) + " |")
-    strongest = strongest_gaps(gaps)
-    if strongest:
-      out += ["", "Strongest baseline at each alpha (the smallest gap above): the mean paired gap "
-              "and its 95% confidence interval (Student's t over seeds). An interval that contains "
-              "0 means the seeds do not separate the two methods.", "",
-              "| alpha | strongest baseline | GraphPlanner minus it | 95% interval | seeds |",
-              "|---|---|---|---|---|"]
-      for a, (p, mean, lo, hi, n) in strongest.items():
-        out.append(f"| {a:g} | {p} | {mean:+.3f} | [{lo:+.3f}, {hi:+.3f}] | {n} |")
+  if not gaps:
+    return []
+  alphas = list(gaps)
+  shown = _order({p for pols in gaps.values() for p in pols
+                  if not p.startswith(FIXED_LLM_PREFIX)})
+  out = ["", "## GraphPlanner minus each method, paired by seed", "",
+         "Reward of GraphPlanner minus the method's on the same test queries, mean ± std over "
+         "seeds, and in brackets the seeds where GraphPlanner is at or above it.", "",
+         "| method | " + " | ".join(f"alpha={a:g}" for a in alphas) + " |",
+         "|---|" + "---|" * len(alphas)]
+  for p in shown:
+    cols = []
+    for a in alphas:
+      g = gaps[a].get(p)
+      cols.append("-" if g is None else f"{g[0]:+.3f} ± {g[1]:.3f} ({g[2]}/{g[3]})")
+    out.append(f"| {p} | " + " | ".join(cols) + " |")
+  strongest = strongest_gaps(gaps)
+  if strongest:
+    out += ["", "Strongest baseline at each alpha (the smallest gap above): the mean paired gap "
+            "and its 95% confidence interval (Student's t over seeds). An interval that contains "
+            "0 means the seeds do not separate the two methods.", "",
+            "| alpha | strongest baseline | GraphPlanner minus it | 95% interval | seeds |",
+            "|---|---|---|---|---|"]
+    for a, (p, mean, lo, hi, n) in strongest.items():
+      out.append(f"| {a:g} | {p} | {mean:+.3f} | [{lo:+.3f}, {hi:+.3f}] | {n} |")
+  return out
+
+
+def _alpha_lines(agg: dict) -> list[str]:
+  """One table per alpha: every method's accuracy, cost, reward and its ratio to the optimum."""
+  out = []
   for a, pols in agg.items():
     opt = pols.get(OPTIMUM, {}).get("reward", (math.nan,))[0]
     out += ["", f"## alpha = {a:g}", "",
@@ -175,17 +200,23 @@ def markdown(agg: dict, cells: list[dict], plot_name: str | None) -> str:
       ratio = m["reward"][0] / opt if opt and not math.isnan(opt) else math.nan
       out.append(f"| {p} | {_pm(m['exp_accuracy'])} | {_pm(m['accuracy'])} | {_pm(m['cost'])} | "
                  f"{_pm(m['reward'])} | {ratio:.2f} | {m['calls'][0]:.2f} |")
+  return out
+
+
+def _pick_lines(cells: list[dict]) -> list[str]:
+  """The LLMs each router chose, summed over seeds."""
   picks = collections.defaultdict(collections.Counter)
   for c in cells:
     for name, counts in c.get("router_picks", {}).items():
       picks[(c["alpha"], name)].update(counts)
-  if picks:
-    out += ["", "## LLMs chosen by the routers (summed over seeds)", "",
-            "Single-round routers: queries per LLM. Multi-round routers (multi:*): LLM calls per "
-            "role:LLM.", "", "| alpha | router | choices |", "|---|---|---|"]
-    for (a, name), cnt in sorted(picks.items()):
-      out.append(f"| {a:g} | {name} | " + ", ".join(f"{k} {v}" for k, v in cnt.most_common()) + " |")
-  return "\n".join(out) + "\n"
+  if not picks:
+    return []
+  out = ["", "## LLMs chosen by the routers (summed over seeds)", "",
+         "Single-round routers: queries per LLM. Multi-round routers (multi:*): LLM calls per "
+         "role:LLM.", "", "| alpha | router | choices |", "|---|---|---|"]
+  for (a, name), cnt in sorted(picks.items()):
+    out.append(f"| {a:g} | {name} | " + ", ".join(f"{k} {v}" for k, v in cnt.most_common()) + " |")
+  return out
 
 
 def plot(agg: dict, path: pathlib.Path) -> None:

@@ -6,10 +6,6 @@ config tree, and it validates every value it reads (ConfigError with the field's
 from __future__ import annotations
 
 import dataclasses
-import pathlib
-from typing import Callable
-
-import numpy as np
 
 from gp_jax import errors
 from gp_jax.graph import features as features_lib
@@ -115,6 +111,16 @@ def sim_describe(q: Query) -> tuple[str, str]:
   return sim.TASKS[q.task_name][1], SIM_ANSWER_FORMAT
 
 
+@dataclasses.dataclass
+class _Data:
+  """The queries of a run and how their prompts and answers are made (one data source)."""
+  world: sim.SimWorld | None
+  train: list[Query]
+  test: list[Query]
+  describe: env_lib.Describe
+  scorer: env_lib.Scorer
+
+
 def build(config, *, pool: base.LLMPool | None = None) -> System:
   """All parts of a run. `pool` overrides the configured backend (tests, replay wrappers)."""
   catalog_file = config.catalog_file or catalog_lib.DEFAULT_POOL_FILE
@@ -124,14 +130,27 @@ def build(config, *, pool: base.LLMPool | None = None) -> System:
   roles = roles_lib.load_roles().select(_names(config.roles, "roles"))
   roles_lib.validate_role_selection(roles)
   space = mdp.ActionSpace(roles, tuple(llms))
+  cfg = _checked_mdp(config, roles)
+  data = _data(config, catalog, _events(config, llms))
+  pool = _pool(config, catalog, roles, data.world, llms, pool)
+  encoder, featurizer = _featurizer(config, catalog, space, cfg)
+  return System(catalog, space, cfg, pool, data.world, data.train, data.test, data.describe,
+                data.scorer, encoder, featurizer, _sampling(config))
+
+
+def _checked_mdp(config, roles: roles_lib.RoleSet) -> mdp.MDPConfig:
+  """config.mdp, whose step cap must hold a complete workflow of these roles."""
   cfg = mdp_config(config.mdp)
   need = cfg.max_calls(thinker=bool(roles.indices_of_kind("thinker")),
                        verifier=bool(roles.indices_of_kind("verifier")))
   if cfg.step_cap < need:
     raise errors.ConfigError(f"config.mdp.step_cap={cfg.step_cap} is below the {need} calls a "
                              "complete workflow may need with these settings")
+  return cfg
 
-  world = None
+
+def _events(config, llms: list[str]) -> sim_events.PoolEvents | None:
+  """The simulated pool's events of config.data.sim_events (None: the section is absent)."""
   events_cfg = config.data.get("sim_events")
   events = sim_events.from_config(events_cfg, llms=llms, domains={v[0] for v in sim.TASKS.values()},
                                   tasks=sim.TASKS) if events_cfg is not None else None
@@ -142,78 +161,106 @@ def build(config, *, pool: base.LLMPool | None = None) -> System:
     raise errors.ConfigError("config.data.sim_events cannot be used with a replay cache: it is "
                              "keyed by the messages, and the events change the answers to the same "
                              "messages; set replay.mode='off'")
+  return events
+
+
+def _data(config, catalog: catalog_lib.Catalog, events) -> _Data:
+  """The queries of config.data.source: the simulated world's, or the prepared task files'."""
   if config.data.source == "simulated":
-    world = sim.SimWorld(sim.load_profiles(catalog),
-                         unique_texts=bool(config.data.get("sim_unique_texts", True)),
-                         events=events)
-    tasks = {"seen": sim.SEEN_TASKS, "unseen": sim.UNSEEN_TASKS,
-             "all": list(sim.TASKS)}.get(config.data.tasks) or _names(config.data.tasks, "data.tasks")
-    test_tasks = ({"seen": sim.SEEN_TASKS, "unseen": sim.UNSEEN_TASKS, "all": list(sim.TASKS)}
-                  .get(config.data.test_tasks) or _names(config.data.test_tasks, "data.test_tasks")
-                  ) if config.data.test_tasks else tasks
-    if int(config.data.n_train) < 1 or int(config.data.n_test) < 1:
-      raise errors.ConfigError("config.data.n_train and n_test must be >= 1")
-    train = world.sample_queries(int(config.data.n_train), seed=config.seed, split="train", tasks=tasks)
-    test = world.sample_queries(int(config.data.n_test), seed=config.seed, split="test", tasks=test_tasks)
-    describe, scorer = sim_describe, sim.sim_score
-  elif config.data.source == "files":
-    from gp_jax import tasks as tasks_lib   # the real benchmark tasks
-    if not config.data.train_file or not config.data.test_file:
-      raise errors.ConfigError("config.data.source='files' needs data.train_file and data.test_file "
-                               "(written by experiments/prepare_data.py)")
-    train = tasks_lib.load_queries(config.data.train_file)
-    test = tasks_lib.load_queries(config.data.test_file)
-    if config.data.n_train:
-      train = train[:int(config.data.n_train)]
-    if config.data.n_test:
-      test = test[:int(config.data.n_test)]
-    # The root node's text is the question as the LLMs see it (options listed, code signature...).
-    originals: dict[str, Query] = {}
-    def rendered(qs):
-      out = []
-      for q in qs:
-        r = dataclasses.replace(q, query=tasks_lib.render_question(q))
-        originals[r.qid] = q
-        out.append(r)
-      return out
-    train, test = rendered(train), rendered(test)
-    def describe(q):
-      f = tasks_lib.prompt_fields(originals.get(q.qid, q))
-      return f["task_description"], f["answer_format"]
-    scorer = lambda pred, q: tasks_lib.score(pred or "", originals.get(q.qid, q))
-  else:
-    raise errors.ConfigError(f"config.data.source must be 'simulated' or 'files', got "
-                             f"{config.data.source!r}")
+    return _simulated_data(config, catalog, events)
+  if config.data.source == "files":
+    return _file_data(config)
+  raise errors.ConfigError(f"config.data.source must be 'simulated' or 'files', got "
+                           f"{config.data.source!r}")
 
+
+def _task_names(value: str, field: str) -> list[str]:
+  """Simulated task names of a data.tasks-like field: seen, unseen, all, or a list."""
+  return ({"seen": sim.SEEN_TASKS, "unseen": sim.UNSEEN_TASKS, "all": list(sim.TASKS)}.get(value)
+          or _names(value, field))
+
+
+def _simulated_data(config, catalog: catalog_lib.Catalog, events) -> _Data:
+  world = sim.SimWorld(sim.load_profiles(catalog),
+                       unique_texts=bool(config.data.get("sim_unique_texts", True)),
+                       events=events)
+  tasks = _task_names(config.data.tasks, "data.tasks")
+  test_tasks = (_task_names(config.data.test_tasks, "data.test_tasks")
+                if config.data.test_tasks else tasks)
+  if int(config.data.n_train) < 1 or int(config.data.n_test) < 1:
+    raise errors.ConfigError("config.data.n_train and n_test must be >= 1")
+  train = world.sample_queries(int(config.data.n_train), seed=config.seed, split="train", tasks=tasks)
+  test = world.sample_queries(int(config.data.n_test), seed=config.seed, split="test", tasks=test_tasks)
+  return _Data(world, train, test, sim_describe, sim.sim_score)
+
+
+def _file_data(config) -> _Data:
+  from gp_jax import tasks as tasks_lib   # the real benchmark tasks
+  if not config.data.train_file or not config.data.test_file:
+    raise errors.ConfigError("config.data.source='files' needs data.train_file and data.test_file "
+                             "(written by experiments/prepare_data.py)")
+  train = tasks_lib.load_queries(config.data.train_file)
+  test = tasks_lib.load_queries(config.data.test_file)
+  if config.data.n_train:
+    train = train[:int(config.data.n_train)]
+  if config.data.n_test:
+    test = test[:int(config.data.n_test)]
+  # The root node's text is the question as the LLMs see it (options listed, code signature...).
+  originals: dict[str, Query] = {}
+  def rendered(qs):
+    out = []
+    for q in qs:
+      r = dataclasses.replace(q, query=tasks_lib.render_question(q))
+      originals[r.qid] = q
+      out.append(r)
+    return out
+  train, test = rendered(train), rendered(test)
+  def describe(q):
+    f = tasks_lib.prompt_fields(originals.get(q.qid, q))
+    return f["task_description"], f["answer_format"]
+  scorer = lambda pred, q: tasks_lib.score(pred or "", originals.get(q.qid, q))
+  return _Data(None, train, test, describe, scorer)
+
+
+def _pool(config, catalog: catalog_lib.Catalog, roles: roles_lib.RoleSet,
+          world: sim.SimWorld | None, llms: list[str], pool: base.LLMPool | None) -> base.LLMPool:
+  """The backend of config.backend (unless `pool` is given), behind config.replay's cache."""
   replay_only = config.replay.mode == "read-only"
-  if pool is None and replay_only:
-    pass   # offline replay: no backend is built or probed
-  elif pool is None:
-    if config.backend == "simulator":
-      if world is None:
-        raise errors.ConfigError("the simulator backend needs config.data.source='simulated'")
-      pool = sim.SimulatorPool(catalog, roles, world)
-    elif config.backend == "endpoints":
-      if not config.endpoints_file:
-        raise errors.ConfigError("config.backend='endpoints' needs config.endpoints_file")
-      from gp_jax.llm import openai_pool   # real OpenAI-compatible servers (vLLM)
-      pool = openai_pool.OpenAIPool(catalog, config.endpoints_file, check=True,
-                                    timeout_s=float(config.request_timeout_s))
-      missing = [m for m in llms if m not in pool.endpoints]
-      if missing:
-        raise errors.ConfigError(f"{config.endpoints_file} serves no endpoint for {missing}; "
-                                 f"serve them or drop them from config.llms")
-    else:
-      raise errors.ConfigError(f"config.backend must be 'simulator' or 'endpoints', got "
-                               f"{config.backend!r}")
-
+  if pool is None and not replay_only:   # offline replay: no backend is built or probed
+    pool = _backend(config, catalog, roles, world, llms)
   if config.replay.mode != "off":
     from gp_jax.llm import replay    # response cache: record, or re-run offline bit for bit
     if not config.replay.path:
       raise errors.ConfigError("config.replay.mode needs config.replay.path")
     pool = replay.ReplayPool(None if replay_only else pool,
                              config.replay.path, config.replay.mode, catalog=catalog)
+  return pool
 
+
+def _backend(config, catalog: catalog_lib.Catalog, roles: roles_lib.RoleSet,
+             world: sim.SimWorld | None, llms: list[str]) -> base.LLMPool:
+  if config.backend == "simulator":
+    if world is None:
+      raise errors.ConfigError("the simulator backend needs config.data.source='simulated'")
+    return sim.SimulatorPool(catalog, roles, world)
+  if config.backend == "endpoints":
+    if not config.endpoints_file:
+      raise errors.ConfigError("config.backend='endpoints' needs config.endpoints_file")
+    from gp_jax.llm import openai_pool   # real OpenAI-compatible servers (vLLM)
+    pool = openai_pool.OpenAIPool(catalog, config.endpoints_file, check=True,
+                                  timeout_s=float(config.request_timeout_s))
+    missing = [m for m in llms if m not in pool.endpoints]
+    if missing:
+      raise errors.ConfigError(f"{config.endpoints_file} serves no endpoint for {missing}; "
+                               f"serve them or drop them from config.llms")
+    return pool
+  raise errors.ConfigError(f"config.backend must be 'simulator' or 'endpoints', got "
+                           f"{config.backend!r}")
+
+
+def _featurizer(config, catalog: catalog_lib.Catalog, space: mdp.ActionSpace,
+                cfg: mdp.MDPConfig) -> tuple[encoder_lib.TextEncoder, features_lib.Featurizer]:
+  """The text encoder of config.text and the featurizer of the routing MDP's observations."""
   cache = config.text.cache or None
   enc_kw = dict(dim=int(config.text.dim))
   if config.text.encoder == "vllm_embed":
@@ -227,9 +274,11 @@ def build(config, *, pool: base.LLMPool | None = None) -> System:
   featurizer = features_lib.Featurizer(spec, encoder, space,
                                        {m.name: m.description for m in catalog.llms}, cfg,
                                        seed=config.seed)
+  return encoder, featurizer
+
+
+def _sampling(config) -> base.SamplingParams:
   if config.sampling.max_tokens < 1 or config.sampling.temperature < 0:
     raise errors.ConfigError("config.sampling needs max_tokens >= 1 and temperature >= 0")
-  sampling = base.SamplingParams(temperature=float(config.sampling.temperature),
-                                 max_tokens=int(config.sampling.max_tokens))
-  return System(catalog, space, cfg, pool, world, train, test, describe, scorer, encoder, featurizer,
-                sampling)
+  return base.SamplingParams(temperature=float(config.sampling.temperature),
+                             max_tokens=int(config.sampling.max_tokens))

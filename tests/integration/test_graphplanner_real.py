@@ -24,6 +24,7 @@ from gp_jax.rl import ppo
 from gp_jax.rl import rollout
 from gp_jax.rl import train as train_lib
 from gp_jax.runs import system as system_lib
+from gp_jax.runs import train as training
 from gp_jax.types import Query
 from gp_jax.workflow import env as env_lib
 from gp_jax.workflow import reward as reward_lib
@@ -76,7 +77,7 @@ def run_policy(config, pool: base.LLMPool) -> dict:
   sysm = system_lib.build(config, pool=pool)   # roles, action space, featurizer; pool overridden
   env = env_lib.WorkflowEnv(sysm.space, sysm.mdp_cfg, pool, alpha=ALPHA, describe=describe,
                             scorer=word_match, sampling=SAMPLING)
-  model = train_lib.make_model(config)
+  model = training.make_model(config)
   p = config.ppo
   optimizer = ppo.make_optimizer(learning_rate=p.learning_rate,
                                  value_lr_multiplier=p.value_lr_multiplier,

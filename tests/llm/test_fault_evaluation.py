@@ -15,8 +15,8 @@ from gp_jax.llm import openai_pool
 from gp_jax.llm import testing_server
 from gp_jax.runs import system as system_lib
 from tests.llm.faults import POOL_KIND, deadline
-from gp_jax.rl import train as train_lib
 from gp_jax.runs import pipeline
+from gp_jax.runs import train as training
 
 LIMIT_S = 150   # far above the ~20 s this takes; only there to turn a hang into a failure
 
@@ -38,7 +38,7 @@ def faulty_eval(tmp_path_factory):
         backoff_max_s=0.02, max_concurrency=16)
     system = system_lib.build(config, pool=pool)
     with deadline(LIMIT_S):
-      train_lib.train(config, workdir, system=system, verbose=False)
+      training.train(config, workdir, system=system, verbose=False)
       sent_before, requests_before = dict(srv.faults_sent), srv.requests
       pipeline.evaluate_run(config, workdir, system=system, verbose=False)
     sent = {k: v - sent_before.get(k, 0) for k, v in srv.faults_sent.items()}

@@ -18,8 +18,8 @@ from gp_jax.llm import catalog as catalog_lib
 from gp_jax.llm import openai_pool
 from gp_jax.llm import testing_server
 from gp_jax.runs import system as system_lib
+from gp_jax.runs import train as training
 from tests.llm.faults import POOL_KIND, deadline
-from gp_jax.rl import train as train_lib
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 TRAIN_LIMIT_S = 150   # far above the ~20-40 s a run takes; only there to turn a hang into a failure
@@ -43,7 +43,7 @@ def faulty_run(tmp_path_factory):
         timeout_s=0.4, connect_timeout_s=0.4, max_retries=1, backoff_base_s=0.005,
         backoff_max_s=0.02, max_concurrency=16)
     with deadline(TRAIN_LIMIT_S):
-      summary = train_lib.train(config, workdir, system=system_lib.build(config, pool=pool),
+      summary = training.train(config, workdir, system=system_lib.build(config, pool=pool),
                                 verbose=False)
     sent = dict(srv.faults_sent)
     requests = srv.requests

@@ -15,6 +15,7 @@ from gp_jax.graph import history as history_lib
 from gp_jax.rl import rollout
 from gp_jax.rl import train as train_lib
 from gp_jax.runs import system as system_lib
+from gp_jax.runs import train as training
 
 
 def update_params(devices: int, history_capacity: int):
@@ -23,13 +24,13 @@ def update_params(devices: int, history_capacity: int):
   cfg.parallel.devices = devices
   cfg.model.history_capacity = history_capacity
   sysm = system_lib.build(cfg)
-  model = train_lib.make_model(cfg, sysm.featurizer.spec)
+  model = training.make_model(cfg, sysm.featurizer.spec)
   opt = train_lib.make_optimizer(cfg)
   state = train_lib.init_state(model, sysm.featurizer, opt, 0)
-  mesh = train_lib.make_mesh(cfg)
+  mesh = training.make_mesh(cfg)
   update, bsz = train_lib.make_update(cfg, sysm, model, opt, 16, mesh)
   runner = rollout.PolicyRunner(model, sysm.featurizer.hub_features, 16,
-                                mesh=train_lib.make_mesh(cfg, local=True))
+                                mesh=training.make_mesh(cfg, local=True))
   history = history_lib.HistoryMemory(sysm.featurizer.spec.row_dim, sysm.space.size,
                                       capacity=history_capacity, headroom=bsz)
   runner.set_params(state.params, history)
@@ -60,7 +61,7 @@ def train_metrics(devices: int):
   cfg = test_config.get_config()
   cfg.parallel.devices = devices
   with tempfile.TemporaryDirectory() as wd:
-    train_lib.train(cfg, wd, verbose=False)
+    training.train(cfg, wd, verbose=False)
     lines = open(f"{wd}/metrics.jsonl").read().splitlines()
   return [{k: v for k, v in json.loads(l).items() if k not in ("rollout_s", "update_s")}
           for l in lines]

@@ -7,12 +7,12 @@ import numpy as np
 from experiments.configs import test as test_config
 from gp_jax.graph import history as history_lib
 from gp_jax.rl import ppo
-from gp_jax.rl import train as train_lib
+from gp_jax.runs import train as training
 
 
 def test_blocked_encode_matches_one_pass(monkeypatch):
   cfg = test_config.get_config()
-  model = train_lib.make_model(cfg)
+  model = training.make_model(cfg)
   F, A = 2 * cfg.model.mem_proj + 3, 5
   rng = np.random.default_rng(0)
   n = 1000

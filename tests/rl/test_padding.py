@@ -5,6 +5,7 @@ import pytest
 
 from experiments.configs import test as test_config
 from gp_jax.rl import train as train_lib
+from gp_jax.runs import train as training
 
 
 @pytest.mark.parametrize("devices", [1, 4])
@@ -31,7 +32,7 @@ def test_bucketed_run_compiles_once_per_padded_size(tmp_path):
   cfg = test_config.get_config()
   cfg.train.padding = "buckets"
   cfg.train.episodes = 64
-  train_lib.train(cfg, tmp_path, verbose=False)
+  training.train(cfg, tmp_path, verbose=False)
   recs = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
   assert len(recs) == 4
   seen = set()

@@ -13,6 +13,7 @@ from gp_jax.rl import rollout
 from gp_jax.rl import train as train_lib
 from gp_jax.runs import evaluate as evaluation
 from gp_jax.runs import system as system_lib
+from gp_jax.runs import train as training
 
 N = 6
 
@@ -28,7 +29,7 @@ def parts():
     if mode not in routers:
       c = test_config.get_config()
       c.model.history = mode
-      model = train_lib.make_model(c, sysm.featurizer.spec)
+      model = training.make_model(c, sysm.featurizer.spec)
       params = train_lib.init_state(model, sysm.featurizer, train_lib.make_optimizer(c), 0).params
       runner = rollout.PolicyRunner(model, sysm.featurizer.hub_features, 2,
                                     featurizer=sysm.featurizer)

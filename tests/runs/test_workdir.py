@@ -10,8 +10,8 @@ import pytest
 from experiments.configs import sweep as sweep_config
 from experiments.configs import test as test_config
 from gp_jax import errors
-from gp_jax.rl import train as train_lib
 from gp_jax.runs import sweep
+from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -76,14 +76,14 @@ def test_resumed_training_with_another_width_is_refused(tmp_path):
   c = test_config.get_config()
   c.train.episodes = 16
   c.compile_cache = ""
-  train_lib.train(c, tmp_path, verbose=False)
+  training.train(c, tmp_path, verbose=False)
   metrics = (tmp_path / "metrics.jsonl").read_text()
   c.eval.baselines = False                              # evaluation switches may change
-  train_lib.train(c, tmp_path, verbose=False)
+  training.train(c, tmp_path, verbose=False)
   c.model.hidden = 16
   with pytest.raises(errors.ConfigError, match=r"training run made with another config "
                                                r"\(model.hidden: recorded 32, now 16\)"):
-    train_lib.train(c, tmp_path, verbose=False)
+    training.train(c, tmp_path, verbose=False)
   assert (tmp_path / "metrics.jsonl").read_text() == metrics
 
 

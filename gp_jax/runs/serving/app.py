@@ -27,6 +27,7 @@ backbones could not answer 502, one past the deadline 504.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import math
@@ -190,9 +191,36 @@ async def list_models(request: web.Request) -> web.Response:
   return web.json_response({"object": "list", "data": data})
 
 
+@dataclasses.dataclass(frozen=True)
+class _ChatRequest:
+  """A checked /v1/chat/completions body."""
+  model: str
+  messages: list
+  stream: bool
+  include_usage: bool
+  task: str | None
+  params: base.SamplingParams
+  seed: int | None
+
+
 async def chat_completions(request: web.Request) -> web.StreamResponse:
   s = request.app[SESSION_KEY]
-  body = await _json_body(request)
+  req = _chat_request(await _json_body(request), s)
+  rid = session_lib.new_id()
+  served = await _serve(request, s, req, rid)
+  rec = served.record
+  if not req.stream:
+    out = {"id": rid, "object": "chat.completion", "created": int(rec["created"]),
+           "model": req.model,
+           "choices": [{"index": 0, "message": {"role": "assistant", "content": served.answer},
+                        "finish_reason": "stop", "logprobs": None}],
+           "usage": rec["usage"], "graphplanner": _extension(rec)}
+    return web.json_response(out, headers=_headers(rec))
+  return await _stream(request, s, req, rid, served)
+
+
+def _chat_request(body: dict, s: session_lib.RouterSession) -> _ChatRequest:
+  """The body's fields, checked in order (the first bad one is the 400 or 404)."""
   model = body.get("model")
   if not isinstance(model, str) or not model:
     raise RequestError(400, "model is required", "invalid_parameter", "model")
@@ -210,37 +238,43 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
   if not isinstance(stream_options, dict):
     raise RequestError(400, "stream_options must be an object", "invalid_parameter",
                        "stream_options")
-  include_usage = bool(stream_options.get("include_usage"))
   task = _task_hint(body)
   s.check_task(task)
   params = _sampling(body, s.system.sampling)
-  rid = session_lib.new_id()
+  seed = body.get("seed") if isinstance(body.get("seed"), int) else None
+  return _ChatRequest(model, messages, stream, bool(stream_options.get("include_usage")), task,
+                      params, seed)
+
+
+async def _serve(request: web.Request, s: session_lib.RouterSession, req: _ChatRequest,
+                 rid: str) -> session_lib.Served:
+  """The router's answer (model "graphplanner") or one backbone's, within the deadline."""
   deadline = request.app[DEADLINE_KEY]
   try:
-    if model == session_lib.ROUTER_MODEL:
-      coro = s.complete(session_lib.last_user_text(messages), task=task, rid=rid,
-                        seed=body.get("seed") if isinstance(body.get("seed"), int) else None)
+    if req.model == session_lib.ROUTER_MODEL:
+      coro = s.complete(session_lib.last_user_text(req.messages), task=req.task, rid=rid,
+                        seed=req.seed)
     else:
-      coro = s.passthrough(model, messages, params, task=task, rid=rid)
-    served = await asyncio.wait_for(coro, deadline)
+      coro = s.passthrough(req.model, req.messages, req.params, task=req.task, rid=rid)
+    return await asyncio.wait_for(coro, deadline)
   except asyncio.TimeoutError:
     s.counters["timeout"] += 1
     raise RequestError(504, f"no answer within the server's deadline of {deadline:g} s",
                        "timeout") from None
+
+
+async def _stream(request: web.Request, s: session_lib.RouterSession, req: _ChatRequest,
+                  rid: str, served: session_lib.Served) -> web.StreamResponse:
+  """The answer as OpenAI SSE chunks: the role, the text in pieces, the stop with the route,
+  the usage when asked, then [DONE]."""
   rec = served.record
   created = int(rec["created"])
-  if not stream:
-    out = {"id": rid, "object": "chat.completion", "created": created, "model": model,
-           "choices": [{"index": 0, "message": {"role": "assistant", "content": served.answer},
-                        "finish_reason": "stop", "logprobs": None}],
-           "usage": rec["usage"], "graphplanner": _extension(rec)}
-    return web.json_response(out, headers=_headers(rec))
   resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
                                      "Cache-Control": "no-cache", **_headers(rec)})
   await resp.prepare(request)
 
   def chunk(delta: dict, finish=None, **extra) -> bytes:
-    obj = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+    obj = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model,
            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
            **extra}
     return f"data: {json.dumps(obj)}\n\n".encode()
@@ -251,8 +285,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
     for i in range(0, len(text), STREAM_PIECE_CHARS):
       await resp.write(chunk({"content": text[i:i + STREAM_PIECE_CHARS]}))
     await resp.write(chunk({}, "stop", graphplanner=_extension(rec)))
-    if include_usage:
-      obj = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": model,
+    if req.include_usage:
+      obj = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model,
              "choices": [], "usage": rec["usage"]}
       await resp.write(f"data: {json.dumps(obj)}\n\n".encode())
     await resp.write(b"data: [DONE]\n\n")

@@ -42,8 +42,8 @@ from gp_jax.graph import features as features_lib
 from gp_jax.graph import history as history_lib
 from gp_jax.llm import base
 from gp_jax.rl import rollout
-from gp_jax.rl import train as train_lib
 from gp_jax.runs import system as system_lib
+from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
 from gp_jax.runs.serving import store
 from gp_jax.sim import simulator as sim
@@ -237,8 +237,24 @@ class RouterSession:
                route_log=None, default_task: str | None = None, pool: base.LLMPool | None = None):
     if max_concurrency < 1:
       raise errors.ConfigError(f"--max_concurrency must be >= 1, got {max_concurrency}")
-    train_lib.enable_compile_cache(config.get("compile_cache", ""))
+    training.enable_compile_cache(config.get("compile_cache", ""))
     self.workdir = pathlib.Path(workdir)
+    self._load_router(config, pool, default_task)
+    restored = self._open_memory(memory_path)
+    self.reads_memory = self.mode != "inductive"
+    self.routes = store.RouteLog(route_log)
+    self._start_policy(max_concurrency)
+    self._slots: asyncio.Semaphore | None = None
+    self._write_lock: asyncio.Lock | None = None
+    self.in_flight = 0
+    self.counters = collections.Counter()
+    if self.memfile is not None and restored is None:
+      # The file exists from the start (the checkpoint's history).
+      self.memfile.write_base(*self._snapshot(), seq=0)
+
+  def _load_router(self, config, pool: base.LLMPool | None, default_task: str | None) -> None:
+    """The system of the recorded config, the trained router of self.workdir, the task
+    families served and the routing environment of requests."""
     self.system = system = system_lib.build(config, pool=pool)
     self.pool = system.pool
     self.world = system.world if system_lib._serves_simulator(system.pool) else None
@@ -246,7 +262,7 @@ class RouterSession:
     self.mode = config.model.history
     self.featurizer = system.featurizer
     self.space = system.space
-    self.model, self.params, self.history = train_lib.load_router(config, workdir, system)
+    self.model, self.params, self.history = training.load_router(config, self.workdir, system)
     self.history.capacity = int(config.model.history_capacity)
     self.simulated = config.data.source == "simulated"
     self.tasks = list(sim.TASKS) if self.simulated else _file_tasks()
@@ -260,7 +276,9 @@ class RouterSession:
     executors = system.space.roles.indices_of_kind("executor")
     self.executor = system.space.roles.roles[executors[0]]
 
-    # Memory: the file when it exists, else the checkpoint's history (training episodes).
+  def _open_memory(self, memory_path) -> tuple | None:
+    """Memory: the file when it exists, else the checkpoint's history (training episodes).
+    Returns what the file held (None: no file yet, or memory in RAM only)."""
     self.memory_path = pathlib.Path(memory_path) if memory_path else None
     # A new base every capacity/4 journal rows: the whole-memory rewrite costs about 4 appended
     # rows' bytes per appended row, and a restart replays at most a quarter of the capacity.
@@ -286,9 +304,10 @@ class RouterSession:
         self._seq = seq
       self.history.evict()
     self.memory_restored = restored is not None
-    self.reads_memory = self.mode != "inductive"
-    self.routes = store.RouteLog(route_log)
+    return restored
 
+  def _start_policy(self, max_concurrency: int) -> None:
+    """The batched policy over the memory, compiled by one warm-up decision."""
     self.runner = rollout.PolicyRunner(self.model, self.featurizer.hub_features,
                                        max(BATCH_BUCKETS), featurizer=self.featurizer)
     self.runner.set_params(self.params, self.history if self.reads_memory else None)
@@ -303,13 +322,6 @@ class RouterSession:
     self.batcher.warm_up(self.featurizer.observe(
         state, t_emb, q_emb, np.zeros((0, self.featurizer.spec.row_dim), np.float32),
         self.env.mask(state)), q_emb)
-    self._slots: asyncio.Semaphore | None = None
-    self._write_lock: asyncio.Lock | None = None
-    self.in_flight = 0
-    self.counters = collections.Counter()
-    if self.memfile is not None and restored is None:
-      # The file exists from the start (the checkpoint's history).
-      self.memfile.write_base(*self._snapshot(), seq=0)
 
   # ---- queries ---------------------------------------------------------------------------------
   def describe(self, q: Query) -> tuple[str, str]:

@@ -37,9 +37,9 @@ import numpy as np
 from scipy import stats as scipy_stats
 
 from gp_jax import errors
-from gp_jax.rl import train as train_lib
 from gp_jax.runs import evaluate as evaluation
 from gp_jax.runs import system as system_lib
+from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
 from gp_jax.runs.studies import runner as runner_lib
 from gp_jax.sim import optimal
@@ -229,8 +229,8 @@ class DriftRunner:
     cfg = runner_lib.apply_overrides(self.config, {"seed": int(seed), **overrides})
     sysm = system_lib.build(cfg)
     tdir = self.workdir / "train" / f"{runner_lib._key(overrides)}_seed{seed}"
-    train_lib.train(cfg, tdir, system=sysm, verbose=self.verbose)
-    model, params, history = train_lib.load_router(cfg, tdir, sysm)
+    training.train(cfg, tdir, system=sysm, verbose=self.verbose)
+    model, params, history = training.load_router(cfg, tdir, sysm)
     return cfg, sysm, model, params, runner_lib._history_for(cfg, history), tdir
 
   def run_cell(self, kind: str, seed: int) -> dict:

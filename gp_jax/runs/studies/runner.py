@@ -38,6 +38,7 @@ from gp_jax.rl import rollout
 from gp_jax.rl import train as train_lib
 from gp_jax.runs import evaluate as evaluation
 from gp_jax.runs import system as system_lib
+from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
 from gp_jax.util import aio
 
@@ -235,8 +236,8 @@ class StudyRunner:
     tcfg = apply_overrides(base, v.train)
     tsys = self._system(tcfg, ("train", _key(v.train), seed))
     tdir = self.workdir / "train" / f"{_key(v.train)}_seed{seed}"
-    summary = train_lib.train(tcfg, tdir, system=tsys, verbose=self.verbose)
-    model, params, history = train_lib.load_router(tcfg, tdir, tsys)
+    summary = training.train(tcfg, tdir, system=tsys, verbose=self.verbose)
+    model, params, history = training.load_router(tcfg, tdir, tsys)
     ecfg = apply_overrides(tcfg, v.evaluate)
     ekey = ("eval", _key(v.train), _key(v.evaluate), seed)
     esys = self._system(ecfg, ekey) if v.evaluate else tsys

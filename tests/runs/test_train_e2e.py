@@ -1,6 +1,5 @@
 """End to end on the CPU test config: train, evaluate, determinism, kill -9 resume, bad config."""
 import json
-import os
 import pathlib
 import signal
 import subprocess
@@ -13,15 +12,15 @@ import numpy as np
 import pytest
 
 from experiments.configs import test as test_config
-from gp_jax import errors
 from gp_jax.graph import history as history_lib
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
 from gp_jax.rl import train as train_lib
 from gp_jax.runs import pipeline
 from gp_jax.runs import system as system_lib
+from gp_jax.runs import train as training
 
-REPO = pathlib.Path(__file__).resolve().parents[1]
+REPO = pathlib.Path(__file__).resolve().parents[2]
 TIMING = {"rollout_s", "update_s"}
 
 
@@ -129,7 +128,7 @@ def test_mistyped_field_on_the_default_config_exits_2(tmp_path):
 def test_no_retrace_as_history_grows_within_a_bucket():
   cfg = test_config.get_config()
   sysm = system_lib.build(cfg)
-  model = train_lib.make_model(cfg)
+  model = training.make_model(cfg)
   opt = ppo.make_optimizer(learning_rate=1e-3, value_lr_multiplier=2.0, max_grad_norm=0.5)
   state = train_lib.init_state(model, sysm.featurizer, opt, 0)
   runner = rollout.PolicyRunner(model, sysm.featurizer.hub_features, 8, max_traces=1)
@@ -164,7 +163,7 @@ def test_linear_schedules_resume_exactly(tmp_path, monkeypatch):
   cfg.ppo.entropy_coef = 0.02
   cfg.ppo.entropy_schedule = "linear"
   cfg.ppo.entropy_final_fraction = 0.5
-  train_lib.train(cfg, tmp_path / "whole", verbose=False)
+  training.train(cfg, tmp_path / "whole", verbose=False)
   n_updates = -(-cfg.train.episodes // cfg.train.episodes_per_iter)
   np.testing.assert_allclose([m["entropy_coef"] for m in metrics(tmp_path / "whole")],
                              [0.02 * (1 - 0.5 * k / n_updates) for k in range(n_updates)],
@@ -179,15 +178,15 @@ def test_linear_schedules_resume_exactly(tmp_path, monkeypatch):
     return real(*args, **kwargs)
   monkeypatch.setattr(rollout, "run_episodes", interrupted)
   with pytest.raises(KeyboardInterrupt):
-    train_lib.train(cfg, tmp_path / "resumed", verbose=False)
+    training.train(cfg, tmp_path / "resumed", verbose=False)
   monkeypatch.setattr(rollout, "run_episodes", real)
   assert len(metrics(tmp_path / "resumed")) == 2
-  train_lib.train(cfg, tmp_path / "resumed", verbose=False)
+  training.train(cfg, tmp_path / "resumed", verbose=False)
   assert metrics(tmp_path / "resumed") == metrics(tmp_path / "whole")
   const = metrics(tmp_path / "whole")
   cfg.ppo.lr_schedule = "constant"
   cfg.ppo.entropy_schedule = "constant"
-  train_lib.train(cfg, tmp_path / "constant", verbose=False)
+  training.train(cfg, tmp_path / "constant", verbose=False)
   assert [m["entropy_coef"] for m in metrics(tmp_path / "constant")] == pytest.approx(
       [0.02] * n_updates)
   # Same first rollout (same initial parameters); the decaying rate changes the updates.

@@ -1,0 +1,196 @@
+"""Training a GraphPlanner router from a config: the run-layer side of gp_jax/rl/train.py.
+
+Reads the config tree (model, PPO, loop, devices, processes), checks the workdir's config record,
+builds the system and the learner's pieces, and calls `rl.train.train` with them; `load_router`
+restores a trained router the same way. Every runner that trains (experiments/train.py, the
+sweep, the studies, serving) comes through here.
+"""
+from __future__ import annotations
+
+import pathlib
+
+import jax
+
+from gp_jax import errors
+from gp_jax import progress as progress_lib
+from gp_jax.graph import features as features_lib
+from gp_jax.graph import garnet as garnet_lib
+from gp_jax.rl import parallel
+from gp_jax.rl import train as rl_train
+from gp_jax.runs import system as system_lib
+from gp_jax.runs import workdir as workdir_config
+
+# Config fields a resumed training run may change (gp_jax/runs/workdir.py).
+TRAIN_CONFIG_FREE = ("sweep", "study", "eval", "train.checkpoint_every", "parallel")
+
+
+def make_model(config, spec: features_lib.FeatureSpec | None = None) -> garnet_lib.GARNet:
+  """The GARNet (or ablation) of config.model: encoder, history mode, retrieval_k, heads.
+
+  spec: the feature spec (needed by the homogeneous encoder, whose shared input transform spans
+  the widest table; without it the width comes from config.text.dim and config.model.mem_proj).
+  """
+  m = config.model
+  history = m.history
+  encoder = m.get("encoder", "garnet")
+  k = m.get("retrieval_k", 5)
+  heads = m.get("attention_heads", 4)
+  _check_model(m, history, encoder, k, heads)
+  kw = {}
+  if encoder != "garnet":
+    kw["encoder"] = encoder
+  if encoder == "homogeneous":
+    if spec is not None:
+      text, row = spec.text_dim, spec.row_dim
+    else:
+      text = int(config.text.dim)
+      row = 2 * (int(m.mem_proj) or text) + 3
+    kw["input_width"] = max(2 * text, row)
+  if encoder == "transformer":
+    kw["heads"] = int(heads)
+  if history == "summary":
+    kw["history_input"] = "summary"
+  if history == "retrieval":
+    kw["retrieval_k"] = int(k)
+  return garnet_lib.GARNet(hidden=int(m.hidden), num_layers=int(m.num_layers),
+                           mlp_hidden=int(m.mlp_hidden),
+                           use_history=history in ("transductive", "summary"), **kw)
+
+
+def _check_model(m, history, encoder, k, heads) -> None:
+  """ConfigError naming the field of config.model (`m`) that make_model cannot build."""
+  if history not in rl_train.HISTORY_MODES:
+    raise errors.ConfigError(f"config.model.history must be one of "
+                             f"{', '.join(rl_train.HISTORY_MODES)}; got {history!r}")
+  if encoder not in garnet_lib.ENCODERS:
+    raise errors.ConfigError(f"config.model.encoder must be one of "
+                             f"{', '.join(garnet_lib.ENCODERS)}; got {encoder!r}")
+  if not isinstance(k, int) or k < 1:
+    raise errors.ConfigError(f"config.model.retrieval_k must be an integer >= 1, got {k!r}")
+  if encoder == "transformer" and (heads < 1 or int(m.hidden) % heads):
+    raise errors.ConfigError(f"config.model.attention_heads ({heads}) must divide "
+                             f"config.model.hidden ({m.hidden}) for the transformer encoder")
+
+
+def make_mesh(config, *, local: bool = False):
+  """The learner's device mesh of config.parallel.devices (0 or absent = all devices); local: this
+  process's devices only (the rollout's history refresh)."""
+  par = config.get("parallel") or {}
+  devices = int(par.get("devices", 0))
+  if devices < 0:
+    raise errors.ConfigError(f"config.parallel.devices must be >= 0 (0 = all), got {devices}")
+  return parallel.make_mesh(devices, local=local)
+
+
+def enable_compile_cache(path: str) -> None:
+  """Keeps compiled XLA programs on disk so repeated runs (and resumes) skip recompiling."""
+  if path:
+    path = str(pathlib.Path(path).expanduser())
+    pathlib.Path(path).mkdir(parents=True, exist_ok=True)
+    jax.config.update("jax_compilation_cache_dir", path)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
+
+
+def init_distributed(config) -> None:
+  """Joins the multi-process job of config.parallel when parallel.distributed is set (before any
+  other JAX work; a no-op once joined or when the section is absent)."""
+  par = config.get("parallel")
+  if par is None or not par.get("distributed", False):
+    return
+  parallel.initialize(coordinator=str(par.get("coordinator", "")),
+                      num_processes=int(par.get("num_processes", 0)),
+                      process_id=int(par.get("process_id", -1)))
+
+
+def validate(config) -> None:
+  """ConfigError naming the first training field out of range (before anything is built)."""
+  t, p = config.train, config.ppo
+  checks = [(t.episodes >= 1, "train.episodes >= 1"), (t.episodes_per_iter >= 1, "train.episodes_per_iter >= 1"),
+            (t.parallel >= 1, "train.parallel >= 1"), (p.epochs >= 1, "ppo.epochs >= 1"),
+            (p.num_minibatches >= 1, "ppo.num_minibatches >= 1"), (0 < p.clip_eps < 1, "0 < ppo.clip_eps < 1"),
+            (p.learning_rate > 0, "ppo.learning_rate > 0"), (0 <= p.gamma <= 1, "0 <= ppo.gamma <= 1"),
+            (0 <= p.gae_lambda <= 1, "0 <= ppo.gae_lambda <= 1"), (config.alpha >= 0, "alpha >= 0"),
+            (0 <= p.get("lr_final_fraction", 0.0) <= 1, "0 <= ppo.lr_final_fraction <= 1"),
+            (0 <= p.get("entropy_final_fraction", 0.0) <= 1, "0 <= ppo.entropy_final_fraction <= 1"),
+            (config.model.history_capacity >= 0, "model.history_capacity >= 0"),
+            (t.checkpoint_every >= 1, "train.checkpoint_every >= 1"),
+            (t.get("padding", "fixed") in rl_train.PADDINGS, f"train.padding in {rl_train.PADDINGS}")]
+  for ok, what in checks:
+    if not ok:
+      raise errors.ConfigError(f"invalid config: need {what}")
+  rl_train._lr_decay_steps(config)          # unknown ppo.lr_schedule / entropy_schedule names
+  rl_train._entropy_decay_updates(config)
+  make_model(config)                        # model errors before anything is built
+
+
+def loop_settings(config) -> rl_train.LoopSettings:
+  """The learner's loop settings of config.train, config.ppo and config.model."""
+  t = config.train
+  return rl_train.LoopSettings(
+      episodes=t.episodes, episodes_per_iter=t.episodes_per_iter, parallel=int(t.parallel),
+      seed=config.seed, checkpoint_every=t.checkpoint_every, entropy_stop=config.ppo.entropy_stop,
+      gamma=config.ppo.gamma, gae_lambda=config.ppo.gae_lambda, history=config.model.history,
+      history_capacity=int(config.model.history_capacity))
+
+
+def check_workdir(config, workdir: pathlib.Path) -> None:
+  """Records config in workdir/config.json, or refuses a config other than the recorded one: a
+  resumed run must use the config its checkpoints were made with (the sweep's and studies'
+  sections, evaluation switches and checkpoint spacing do not change what is trained)."""
+  rank = jax.process_index()
+  if rank == 0:   # several processes: process 0 records, the others then only compare
+    workdir_config.check_or_record(workdir, config, ignore=TRAIN_CONFIG_FREE, what="training run")
+  parallel.barrier("workdir config")
+  if rank != 0:
+    workdir_config.check_or_record(workdir, config, ignore=TRAIN_CONFIG_FREE, what="training run")
+
+
+def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | None = None,
+          verbose: bool = True) -> dict:
+  """Trains the router of `config` in workdir; returns rl.train.train's summary. Resumes from
+  the latest checkpoint there.
+
+  system: the built system of config (built here when None).
+  Raises:
+    ConfigError: a field out of range, or workdir holds a run of another config; raised before
+      the workdir is touched (config errors) or anything is trained.
+  """
+  validate(config)
+  init_distributed(config)
+  verbose = verbose and jax.process_index() == 0   # only process 0 prints
+  mesh = make_mesh(config)   # too many devices asked: error before the workdir is touched
+  enable_compile_cache(config.get("compile_cache", ""))
+  workdir = pathlib.Path(workdir)
+  check_workdir(config, workdir)
+  settings = loop_settings(config)
+  if verbose:
+    progress_lib.note(f"[train] {workdir}: {settings.iterations} iterations of "
+                      f"{settings.episodes_per_iter} episodes; compiling first (a minute or "
+                      f"more without a warm XLA cache)")
+  sysm = system or system_lib.build(config)
+  env = sysm.env(float(config.alpha), reward=config.train.get("reward", "sampled"))
+  model = make_model(config, sysm.featurizer.spec)
+  optimizer = rl_train.make_optimizer(config)
+  update, batch_size = rl_train.make_update(config, sysm, model, optimizer,
+                                            int(config.train.episodes_per_iter), mesh)
+  buckets = None   # fixed padding: every batch is batch_size transitions
+  if config.train.get("padding", "fixed") == "buckets":
+    unit = rl_train.batch_size_for(1, 1, int(config.ppo.num_minibatches), mesh.size)
+    buckets = rl_train.padding_buckets(batch_size, unit)
+  return rl_train.train(workdir, env=env, featurizer=sysm.featurizer, queries=sysm.train_queries,
+                        model=model, optimizer=optimizer, update=update, batch_size=batch_size,
+                        settings=settings, buckets=buckets,
+                        rollout_mesh=make_mesh(config, local=True), verbose=verbose)
+
+
+def load_router(config, workdir, system: system_lib.System, *, best: bool = True):
+  """(model, params, history) from a run's checkpoint (best by running reward, or latest).
+
+  Evaluate with the returned history for the transductive, summary and retrieval modes (they read
+  it), None for inductive."""
+  model = make_model(config, system.featurizer.spec)
+  params, history = rl_train.restore_policy(
+      pathlib.Path(workdir) / "checkpoints", model, system.featurizer,
+      rl_train.make_optimizer(config), seed=config.seed, num_hubs=system.space.size,
+      history_capacity=int(config.model.history_capacity), best=best)
+  return model, params, history
