@@ -23,6 +23,7 @@ temporaries, minus donated aliases), and the process's peak RSS (all forced CPU 
 --compile_only lowers and compiles the update on abstract inputs (no history array is allocated),
 to size runs that do not fit this machine.
 """
+import dataclasses
 import resource
 import statistics
 import sys
@@ -36,6 +37,7 @@ import numpy as np
 
 from experiments.configs import default
 from gp_jax.graph import history as history_lib
+from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import parallel
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
@@ -97,14 +99,17 @@ def main(argv):
   spec = sysm.featurizer.spec
   A = sysm.space.size
   model = training.make_model(c)
-  opt = ppo.make_optimizer(learning_rate=3e-4, value_lr_multiplier=2.0, max_grad_norm=0.5)
+  settings = ppo.PPOSettings(learning_rate=3e-4, epochs=4, num_minibatches=1, clip_eps=0.2,
+                             gamma=0.99, gae_lambda=0.95, value_coef=0.5, entropy_coef=0.01,
+                             max_grad_norm=0.5, value_lr_multiplier=2.0)
+  opt = ppo.make_optimizer(settings)
   state0 = train_lib.init_state(model, sysm.featurizer, opt, 0)
   mesh = parallel.make_mesh(_DEVICES.value)
   local_mesh = parallel.make_mesh(_DEVICES.value, local=True)
   T = 32
-  kw = dict(clip_eps=0.2, value_coef=0.5, entropy_coef=0.01)
-  upd = ppo.make_update_fn(model, opt, epochs=4, num_minibatches=1, mesh=mesh, **kw)
-  upd_train = ppo.make_update_fn(model, opt, epochs=4, num_minibatches=4, mesh=mesh, **kw)
+  upd = ppo.make_update_fn(model, opt, settings, mesh=mesh)
+  upd_train = ppo.make_update_fn(model, opt, dataclasses.replace(settings, num_minibatches=4),
+                                 mesh=mesh)
   hub = jnp.asarray(sysm.featurizer.hub_features)
   rng = np.random.default_rng(0)
   print(f"A={A} actions, row width F={spec.row_dim} (mem_proj={_PROJ.value}), hidden={c.model.hidden}, "
@@ -126,13 +131,12 @@ def main(argv):
     """N slots (real of them transitions) reading snapshots of an n-row history."""
     inputs = hist.update_inputs(np.sort(rng.integers(0, n + 1, real)), num_chunks=num_chunks)
     chunk, count = inputs.pop("chunk"), inputs.pop("count")
-    pad = lambda x: np.concatenate([x, np.zeros((N - real,) + x.shape[1:], x.dtype)])
-    batch = dict(obs=obs_batch(N), actions=rng.integers(0, A, N).astype(np.int32),
-                 old_logp=np.full(N, -3.0, np.float32),
-                 advantages=rng.normal(size=N).astype(np.float32),
-                 returns=rng.normal(size=N).astype(np.float32),
-                 weights=pad(np.ones(real, np.float32)), hist_chunk=pad(chunk),
-                 hist_count=pad(count))
+    transitions = dict(obs=obs_batch(real), actions=rng.integers(0, A, real).astype(np.int32),
+                       old_logp=np.full(real, -3.0, np.float32), hist_chunk=chunk,
+                       hist_count=count)
+    # one-step episodes with random rewards and values: GAE gives A = r - V
+    batch = batch_lib.build(transitions, rng.normal(size=(real, 1)), rng.normal(size=(real, 1)),
+                            gamma=0.99, size=N, num_episodes=real, num_steps=1)
     return inputs, batch
 
   def time_update(fn, inputs, batch):
@@ -201,7 +205,9 @@ def update_gib(update, mesh, state, hub, hist, batch) -> float:
                 segment=jax.ShapeDtypeStruct((H,), jnp.int32))
   args = (jax.tree_util.tree_map(lambda x: spec(jnp.asarray(x), rep), state), spec(hub, rep),
           {k: spec(v, rows_s) for k, v in hist.items()},
-          jax.tree_util.tree_map(lambda x: spec(x, rows_s), batch))
+          batch.replace(transitions=jax.tree_util.tree_map(lambda x: spec(x, rows_s),
+                                                           batch.transitions),
+                        **{k: spec(getattr(batch, k), rep) for k in batch_lib.EPISODE_FIELDS}))
   return device_gib(getattr(update, "jitted", update).lower(*args).compile())
 
 

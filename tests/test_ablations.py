@@ -14,10 +14,12 @@ from gp_jax import errors
 from gp_jax.graph import features as features_lib
 from gp_jax.graph import garnet
 from gp_jax.graph import history as history_lib
+from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
 from gp_jax.rl import train as train_lib
 from gp_jax.runs import evaluate as evaluation
+from gp_jax.runs import learner as learner_cfg
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 
@@ -193,11 +195,13 @@ def test_update_sees_what_decisions_saw_without_retracing(sysm, mode):
   cfg = test_config.get_config()
   cfg.model.history = mode
   feat, A = sysm.featurizer, sysm.space.size
-  bsz = train_lib.batch_size_for(8, sysm.mdp_cfg.max_calls(), 2)
+  bsz = batch_lib.batch_size_for(8, sysm.mdp_cfg.max_calls(), 2)
   model = training.make_model(cfg, feat.spec)
-  opt = ppo.make_optimizer(learning_rate=1e-2, value_lr_multiplier=2.0, max_grad_norm=0.5)
-  update = ppo.make_update_fn(model, opt, epochs=1, num_minibatches=2, clip_eps=0.2,
-                              value_coef=0.5, entropy_coef=0.0, num_chunks=bsz + 1, max_traces=1)
+  settings = ppo.PPOSettings(learning_rate=1e-2, epochs=1, num_minibatches=2, clip_eps=0.2,
+                             gamma=0.99, gae_lambda=0.95, value_coef=0.5, entropy_coef=0.0,
+                             max_grad_norm=0.5, value_lr_multiplier=2.0)
+  opt = ppo.make_optimizer(settings)
+  update = ppo.make_update_fn(model, opt, settings, num_chunks=bsz + 1, max_traces=1)
   state = train_lib.init_state(model, feat, opt, 0)
   history = history_lib.HistoryMemory(feat.spec.row_dim, A, capacity=400)
   runner = rollout.PolicyRunner(model, feat.hub_features, 8, max_traces=1, featurizer=feat)
@@ -210,17 +214,18 @@ def test_update_sees_what_decisions_saw_without_retracing(sysm, mode):
     eps = asyncio.run(rollout.run_episodes(env, feat, runner, queries, key=jax.random.PRNGKey(it),
                                            greedy=False, history=history, grow_history=True,
                                            seed_salt=("ablation", it)))
-    batch, hist = train_lib.build_batch(eps, None, gamma=0.99, gae_lambda=0.95, batch_size=bsz,
-                                        num_hubs=A)
+    batch, hist = batch_lib.build_batch(eps, None, gamma=0.99, batch_size=bsz, num_episodes=8,
+                                        max_calls=learner_cfg.max_calls(sysm), num_hubs=A)
+    tr = batch.transitions
     if mode == "summary":
       hist["summary"] = runner.history_input_array()
       assert it == 0 or "past calls," in " ".join(runner.summary_texts)
     else:
-      assert it == 0 or batch["obs"]["ret_valid"].any()
-    logits, _ = forward(state.params, hist, batch)
-    logp = jnp.take_along_axis(jax.nn.log_softmax(logits), batch["actions"][:, None], 1)[:, 0]
-    n = int(batch["weights"].sum())
-    np.testing.assert_allclose(logp[:n], batch["old_logp"][:n], rtol=1e-5, atol=1e-5)
+      assert it == 0 or tr["obs"]["ret_valid"].any()
+    logits, _ = forward(state.params, hist, tr)
+    logp = jnp.take_along_axis(jax.nn.log_softmax(logits), tr["actions"][:, None], 1)[:, 0]
+    n = int(tr["weights"].sum())
+    np.testing.assert_allclose(logp[:n], tr["old_logp"][:n], rtol=1e-5, atol=1e-5)
     state, _ = update(state, hub, hist, batch)
     runner.set_params(state.params, history)
   assert 0 < len(history) <= history_lib.MIN_BUCKET

@@ -1,4 +1,6 @@
 """GAE, PPO loss, history prefix sums and GARNet aggregation against plain numpy references."""
+import dataclasses
+
 import chex
 import jax
 import jax.numpy as jnp
@@ -171,8 +173,12 @@ def test_policy_masks_invalid_actions():
 
 def test_linear_lr_schedule_decays_both_learning_rates():
   """Adam's first step moves each parameter by ~lr; after decay_steps it moves by lr * final."""
-  opt = ppo.make_optimizer(learning_rate=1e-2, value_lr_multiplier=2.0, max_grad_norm=1e9,
-                           decay_steps=10, final_fraction=0.25)
+  settings = ppo.PPOSettings(learning_rate=1e-2, epochs=2, num_minibatches=1, clip_eps=0.2,
+                             gamma=0.99, gae_lambda=0.95, value_coef=0.5, entropy_coef=0.0,
+                             max_grad_norm=1e9, value_lr_multiplier=2.0, lr_schedule="linear",
+                             lr_final_fraction=0.25)
+  assert settings.lr_decay_steps(5) == 10   # 5 updates x 2 epochs x 1 minibatch
+  opt = ppo.make_optimizer(settings, num_updates=5)
   params = {"policy_mlp": jnp.zeros(3), "value_mlp": jnp.zeros(3)}
   grads = {"policy_mlp": jnp.ones(3), "value_mlp": jnp.ones(3)}
   state = opt.init(params)
@@ -184,7 +190,7 @@ def test_linear_lr_schedule_decays_both_learning_rates():
   np.testing.assert_allclose(steps[5], (1e-2 * (1 - 0.75 * 5 / 10), 2e-2 * (1 - 0.75 * 5 / 10)),
                              rtol=1e-4)
   np.testing.assert_allclose(steps[11], (2.5e-3, 5e-3), rtol=1e-4)   # held at the final fraction
-  const = ppo.make_optimizer(learning_rate=1e-2, value_lr_multiplier=2.0, max_grad_norm=1e9)
+  const = ppo.make_optimizer(dataclasses.replace(settings, lr_schedule="constant"), num_updates=5)
   cstate = const.init(params)
   for _ in range(12):
     updates, cstate = const.update(grads, cstate, params)

@@ -23,7 +23,7 @@ import jraph
 from gp_jax import errors
 from gp_jax.baselines import labels as labels_lib
 from gp_jax.baselines import regressors
-from gp_jax.baselines import single_round
+from gp_jax.baselines import router as router_lib
 
 TASK, QUERY, LLM = 0, 1, 2
 EDGE_DIM = 5     # utility, standardised log cost, observed flag, is-task-edge, is-llm-edge
@@ -106,7 +106,7 @@ def _apply(net: GraphRouterNet, params, arr: dict, edges) -> jax.Array:
   return net.apply(params, graph, arr["node_type"], arr["pair_q"], arr["pair_m"], arr["pair_e"])
 
 
-class GraphRouter(single_round.PredictiveRouter):
+class GraphRouter(router_lib.PredictiveRouter):
   """GNN over task/query/LLM nodes; fit on RoutingData with tasks and llm_x set."""
 
   def __init__(self, *, hidden: int = 32, num_layers: int = 2, steps: int = 300,

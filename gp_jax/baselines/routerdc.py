@@ -19,7 +19,7 @@ import optax
 
 from gp_jax import errors
 from gp_jax.baselines import regressors
-from gp_jax.baselines import single_round
+from gp_jax.baselines import router as router_lib
 
 
 def _cos(a, b):
@@ -60,7 +60,7 @@ def dual_contrastive_loss(params, x, utility, task, key, *, tau: float, sample_w
   return l_llm + sample_weight * l_ss, dict(sample_llm=l_llm, sample_sample=l_ss)
 
 
-class RouterDC(single_round.PredictiveRouter):
+class RouterDC(router_lib.PredictiveRouter):
   """Dual contrastive router with a per-LLM calibration of similarity to utility."""
 
   def __init__(self, *, hidden: int = 64, out: int = 32, steps: int = 300, learning_rate: float = 3e-3,

@@ -1,4 +1,5 @@
-"""Single-round routers: one LLM per query, answered by the Executor alone.
+"""Single-round routers: one LLM per query, answered by the Executor alone (the interface:
+gp_jax/baselines/router.py; the graph and RouterDC-style routers have their own modules).
 
 Every router is fitted on the same `RoutingData` (per-(query, LLM) utility and cost of the training
 queries) and chooses, for each test query, the LLM with the highest predicted utility - alpha * cost.
@@ -8,14 +9,16 @@ so one fitted router serves every alpha of a sweep.
 """
 from __future__ import annotations
 
-import abc
 from typing import Callable
 
 import numpy as np
 
 from gp_jax import errors
+from gp_jax.baselines import graph_router
 from gp_jax.baselines import labels as labels_lib
 from gp_jax.baselines import regressors
+from gp_jax.baselines import router as router_lib
+from gp_jax.baselines import routerdc
 from gp_jax.llm import catalog as catalog_lib
 from gp_jax.sim.scoring import Row, summarize
 from gp_jax.types import Query
@@ -23,31 +26,7 @@ from gp_jax.workflow import mdp
 from gp_jax.workflow import policies
 
 
-class Router(abc.ABC):
-  """Chooses one LLM index per query from its embedding."""
-
-  def fit(self, data: labels_lib.RoutingData, catalog: catalog_lib.Catalog) -> "Router":
-    return self
-
-  @abc.abstractmethod
-  def choose(self, x: np.ndarray, alpha: float, rng: np.random.Generator,
-             tasks: list[str] | None = None) -> np.ndarray:
-    """[B, D] embeddings (and the B task names, used by graph routers) -> [B] int LLM indices."""
-
-
-class PredictiveRouter(Router):
-  """Routers that predict per-(query, LLM) utility and cost, then take argmax U - alpha * C."""
-
-  @abc.abstractmethod
-  def predict(self, x: np.ndarray, tasks: list[str] | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """[B, D] -> ([B, M] predicted utility, [B, M] predicted cost units)."""
-
-  def choose(self, x, alpha, rng, tasks=None):
-    u, c = self.predict(x, tasks=tasks)
-    return np.argmax(u - alpha * c, axis=1)
-
-
-class RandomRouter(Router):
+class RandomRouter(router_lib.Router):
   """A uniformly random LLM per query."""
 
   def fit(self, data, catalog):
@@ -58,7 +37,7 @@ class RandomRouter(Router):
     return rng.integers(0, self.m, size=len(x))
 
 
-class BestSingleRouter(PredictiveRouter):
+class BestSingleRouter(router_lib.PredictiveRouter):
   """The LLM with the best mean utility - alpha * cost on the training queries, for every query."""
 
   def fit(self, data, catalog):
@@ -69,7 +48,7 @@ class BestSingleRouter(PredictiveRouter):
     return np.tile(self.u, (len(x), 1)), np.tile(self.c, (len(x), 1))
 
 
-class CatalogRuleRouter(Router):
+class CatalogRuleRouter(router_lib.Router):
   """Always the same LLM, picked from the catalog by a key (largest or cheapest)."""
 
   def __init__(self, key: Callable[[catalog_lib.LLMSpec], tuple]):
@@ -84,7 +63,7 @@ class CatalogRuleRouter(Router):
     return np.full(len(x), self.index)
 
 
-class KNNRouter(PredictiveRouter):
+class KNNRouter(router_lib.PredictiveRouter):
   """Mean labels of the k training queries nearest in embedding (cosine) space."""
 
   def __init__(self, *, k: int = 10):
@@ -101,7 +80,7 @@ class KNNRouter(PredictiveRouter):
     return regressors.knn_predict(d.x, d.utility, d.cost, x, k=self.k)
 
 
-class NetRouter(PredictiveRouter):
+class NetRouter(router_lib.PredictiveRouter):
   """A linear model (hidden=()) or an MLP with logistic utility and log-cost heads."""
 
   def __init__(self, *, hidden: tuple[int, ...] = (), steps: int = 500, learning_rate: float = 1e-2,
@@ -123,7 +102,7 @@ def _price(s: catalog_lib.LLMSpec) -> float:
   return s.price_in + s.price_out
 
 
-ROUTERS: dict[str, Callable[..., Router]] = {
+ROUTERS: dict[str, Callable[..., router_lib.Router]] = {
     "random": lambda **kw: RandomRouter(),
     "best_single": lambda **kw: BestSingleRouter(),
     "largest": lambda **kw: CatalogRuleRouter(lambda s: (s.size_b, _price(s))),
@@ -134,23 +113,14 @@ ROUTERS: dict[str, Callable[..., Router]] = {
     "mlp": lambda *, mlp_hidden=64, steps=500, learning_rate=1e-2, weight_decay=1e-3, seed=0, **kw:
         NetRouter(hidden=(mlp_hidden,), steps=steps, learning_rate=learning_rate,
                   weight_decay=weight_decay, seed=seed),
-    "graph": lambda *, graph_hidden=32, graph_steps=300, seed=0, **kw: _graph_router(
+    "graph": lambda *, graph_hidden=32, graph_steps=300, seed=0, **kw: graph_router.GraphRouter(
         hidden=graph_hidden, steps=graph_steps, seed=seed),
-    "routerdc": lambda *, routerdc_steps=300, seed=0, **kw: _routerdc(steps=routerdc_steps, seed=seed),
+    "routerdc": lambda *, routerdc_steps=300, seed=0, **kw: routerdc.RouterDC(steps=routerdc_steps,
+                                                                                 seed=seed),
 }
 
 
-def _routerdc(**kw) -> Router:
-  from gp_jax.baselines import routerdc   # imports this module
-  return routerdc.RouterDC(**kw)
-
-
-def _graph_router(**kw) -> Router:
-  from gp_jax.baselines import graph_router   # imports this module
-  return graph_router.GraphRouter(**kw)
-
-
-def make_router(name: str, **kwargs) -> Router:
+def make_router(name: str, **kwargs) -> router_lib.Router:
   """A router by registry name. kwargs: knn_k, mlp_hidden, steps, learning_rate, weight_decay,
   graph_hidden, graph_steps, routerdc_steps, seed."""
   if name not in ROUTERS:
@@ -159,7 +129,7 @@ def make_router(name: str, **kwargs) -> Router:
 
 
 def fit_routers(names: list[str], data: labels_lib.RoutingData, catalog: catalog_lib.Catalog,
-                **kwargs) -> dict[str, Router]:
+                **kwargs) -> dict[str, router_lib.Router]:
   """Builds (all names checked first) and fits each named router on the same labels."""
   routers = {n: make_router(n, **kwargs) for n in names}
   return {n: r.fit(data, catalog) for n, r in routers.items()}
@@ -171,7 +141,7 @@ def routed_policy(space: mdp.ActionSpace, llm_of: dict[str, str]) -> policies.Po
   return lambda query, state, mask, rng: per_llm[llm_of[query.qid]](query, state, mask, rng)
 
 
-def evaluate_routers(system, alpha: float, routers: dict[str, Router], queries: list[Query], *,
+def evaluate_routers(system, alpha: float, routers: dict[str, router_lib.Router], queries: list[Query], *,
                      seed: int = 0, x: np.ndarray | None = None) -> tuple[list[Row], dict]:
   """Runs each router's choices through the environment; rows named 'router:<name>'.
 

@@ -1,8 +1,15 @@
-"""PPO (clipped surrogate) for GARNet: the loss and the whole update as one jitted function.
+"""PPO (clipped surrogate): the settings, the loss and the one update loop every learner uses.
 
-The update runs `epochs` x `num_minibatches` gradient steps inside one jit (nested lax.scan), on a
-TrainingState pytree. Each minibatch encodes the history rows once and gives every transition its
-own history snapshot through prefix sums over chunks of rows cut at the snapshot values.
+One learner for GraphPlanner (GARNet, `make_update_fn`), the Router-R1-style router
+(gp_jax/baselines/multi_round/router_r1.py) and the routed Graph Counselor
+(gp_jax/counselor/routing/router.py): the same `PPOSettings`, the same batch
+(gp_jax/rl/batch.py: padded transitions plus the episodes' reward grid, GAE inside the jit) and the
+same `learn` -- GAE, advantage normalisation, then `epochs` x `num_minibatches` clipped-PPO steps
+as nested lax.scan -- inside each learner's one jitted update. A learner supplies only its forward
+pass (logits, values, mask of a minibatch).
+
+GARNet's update encodes the history rows once per minibatch and gives every transition its own
+history snapshot through prefix sums over chunks of rows cut at the snapshot values.
 History-summary ablation: `hist` carries summary [A, D], the per-hub summary embeddings every
 decision of the iteration read, and all transitions use it (no per-transition sums).
 Given a mesh of several devices (gp_jax/rl/parallel.py) the same update runs as one SPMD program:
@@ -11,25 +18,92 @@ parameters replicated.
 """
 from __future__ import annotations
 
-import functools
-from typing import Any
+import dataclasses
+from typing import Any, Callable
 
 import chex
 import flax
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from gp_jax import errors
 from gp_jax.graph import garnet as garnet_lib
+from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import parallel
 
-VALUE_MODULES = ("value_row", "value_hub", "value_mlp", "value_shared")
+VALUE_MODULES = ("value_row", "value_hub", "value_mlp", "value_shared")   # GARNet's value network
 # History rows one device encodes at once in the update when it holds more than twice as many
 # (bounded memory; the sums are then added in another order: last-bit differences from one pass).
 ROW_BLOCK = 1 << 19
+SCHEDULES = ("constant", "linear")   # lr_schedule and entropy_schedule
+
+
+@dataclasses.dataclass(frozen=True)
+class PPOSettings:
+  """The PPO hyperparameters of a learner (frozen and hashable: they key cached jitted updates).
+
+  Attributes:
+    learning_rate: Adam learning rate of the policy.
+    epochs: passes over the batch per update.
+    num_minibatches: minibatches per pass (the batch size must be a multiple).
+    clip_eps: PPO ratio clip, in (0, 1).
+    gamma: discount; gae_lambda: GAE lambda (both in [0, 1]).
+    value_coef: weight of the value loss; entropy_coef: weight of the entropy bonus (>= 0).
+    max_grad_norm: global-norm gradient clip.
+    value_lr_multiplier: the value network's learning rate is this x learning_rate (the modules
+      named by make_optimizer's value_modules).
+    lr_schedule: "constant", or "linear": both rates fall to lr_final_fraction of their initial
+      value over the run's gradient steps (num_updates x epochs x num_minibatches).
+    entropy_schedule: "constant", or "linear": the coefficient falls to entropy_final_fraction of
+      entropy_coef over the run's num_updates updates.
+    entropy_stop: GraphPlanner's training stops once the mean policy entropy falls below it.
+  """
+  learning_rate: float
+  epochs: int
+  num_minibatches: int
+  clip_eps: float
+  gamma: float
+  gae_lambda: float
+  value_coef: float
+  entropy_coef: float
+  max_grad_norm: float
+  value_lr_multiplier: float = 1.0
+  lr_schedule: str = "constant"
+  lr_final_fraction: float = 0.0
+  entropy_schedule: str = "constant"
+  entropy_final_fraction: float = 0.0
+  entropy_stop: float = 0.0
+
+  def __post_init__(self):
+    for key in ("lr_schedule", "entropy_schedule"):
+      if getattr(self, key) not in SCHEDULES:
+        raise errors.unknown_name(f"ppo.{key}", getattr(self, key), SCHEDULES)
+    checks = [(self.epochs >= 1, "epochs >= 1"),
+              (self.num_minibatches >= 1, "num_minibatches >= 1"),
+              (0 < self.clip_eps < 1, "0 < clip_eps < 1"),
+              (self.learning_rate > 0, "learning_rate > 0"),
+              (0 <= self.gamma <= 1, "0 <= gamma <= 1"),
+              (0 <= self.gae_lambda <= 1, "0 <= gae_lambda <= 1"),
+              (self.entropy_coef >= 0, "entropy_coef >= 0"),
+              (self.value_lr_multiplier > 0, "value_lr_multiplier > 0"),
+              (0 <= self.lr_final_fraction <= 1, "0 <= lr_final_fraction <= 1"),
+              (0 <= self.entropy_final_fraction <= 1, "0 <= entropy_final_fraction <= 1")]
+    for ok, what in checks:
+      if not ok:
+        raise errors.ConfigError(f"invalid PPO settings: need ppo.{what}")
+
+  def lr_decay_steps(self, num_updates: int) -> int:
+    """Gradient steps of the linear lr decay over a run of num_updates updates (0 = constant)."""
+    if self.lr_schedule != "linear":
+      return 0
+    return int(num_updates) * int(self.epochs) * int(self.num_minibatches)
+
+  def entropy_decay_updates(self, num_updates: int) -> int:
+    """PPO updates of the linear entropy-coefficient decay (0 = constant)."""
+    return int(num_updates) if self.entropy_schedule == "linear" else 0
 
 
 @flax.struct.dataclass
@@ -40,25 +114,27 @@ class TrainingState:
   update_step: jax.Array     # number of PPO updates applied
 
 
-def make_optimizer(*, learning_rate: float, value_lr_multiplier: float, max_grad_norm: float,
-                   decay_steps: int = 0, final_fraction: float = 1.0
-                   ) -> optax.GradientTransformation:
-  """Adam with global-norm clipping; the value network learns `value_lr_multiplier` x faster.
-
-  decay_steps > 0: both learning rates fall linearly to `final_fraction` of their initial value
-  over that many gradient steps (then stay there); 0 keeps them constant.
+def make_optimizer(settings: PPOSettings, *, num_updates: int = 1,
+                   value_modules: tuple[str, ...] = VALUE_MODULES) -> optax.GradientTransformation:
+  """Adam with global-norm clipping; the top-level parameter modules named in `value_modules`
+  learn at value_lr_multiplier x learning_rate (learners without a separate value network pass
+  ()). With lr_schedule "linear" both rates fall linearly to lr_final_fraction of their initial
+  value over settings.lr_decay_steps(num_updates) gradient steps, then stay there.
   """
+  decay_steps = settings.lr_decay_steps(num_updates)
+
   def label(params):
-    return {k: ("value" if k in VALUE_MODULES else "policy") for k in params}
+    return {k: ("value" if k in value_modules else "policy") for k in params}
 
   def rate(lr):
     if decay_steps <= 0:
       return lr
-    return optax.linear_schedule(lr, lr * final_fraction, int(decay_steps))
+    return optax.linear_schedule(lr, lr * settings.lr_final_fraction, int(decay_steps))
+  lr = settings.learning_rate
   return optax.chain(
-      optax.clip_by_global_norm(max_grad_norm),
-      optax.multi_transform({"policy": optax.adam(rate(learning_rate)),
-                             "value": optax.adam(rate(learning_rate * value_lr_multiplier))}, label))
+      optax.clip_by_global_norm(settings.max_grad_norm),
+      optax.multi_transform({"policy": optax.adam(rate(lr)),
+                             "value": optax.adam(rate(lr * settings.value_lr_multiplier))}, label))
 
 
 def masked_log_softmax(logits):
@@ -182,77 +258,114 @@ def entropy_coefficient(step, coef: float, decay_updates: int, final_fraction: f
   return coef * (1.0 - (1.0 - final_fraction) * frac)
 
 
-def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransformation, *,
-                   epochs: int, num_minibatches: int, clip_eps: float, value_coef: float,
-                   entropy_coef: float, num_chunks: int | None = None,
-                   max_traces: int | None = None,
-                   entropy_decay_updates: int = 0, entropy_final_fraction: float = 1.0,
-                   mesh=None):
-  """Returns update(state, hub_features, hist, batch) -> (state, metrics), jitted once per shape.
+Forward = Callable[[Any, dict], tuple[jax.Array, jax.Array, jax.Array]]
 
-  batch: dict of arrays with leading dim N (a multiple of num_minibatches): obs (dict), actions,
-  old_logp, advantages, returns, weights, hist_chunk [N], hist_count [N, A].
+
+def normalize_advantages(advantages: chex.Array, weights: chex.Array) -> chex.Array:
+  """[N] advantages standardised over the real transitions (weights [N], 1 real, 0 padding)."""
+  n = jnp.maximum(weights.sum(), 1.0)
+  mean = jnp.sum(advantages * weights) / n
+  std = jnp.sqrt(jnp.sum(jnp.square(advantages - mean) * weights) / n)
+  return (advantages - mean) / (std + 1e-8)
+
+
+def learn(forward: Forward, optimizer: optax.GradientTransformation, settings: PPOSettings,
+          params, opt_state, key: jax.Array, batch: batch_lib.Batch, *,
+          entropy_coef: chex.Array, constrain: Callable[[Any], Any] | None = None):
+  """The PPO update of every learner here (call it inside the learner's jit).
+
+  GAE over the batch's episodes (batch_lib.advantages), advantages standardised over the real
+  transitions, then settings.epochs passes, each over a fresh permutation of the N transitions
+  cut into settings.num_minibatches minibatches, one clipped-PPO gradient step per minibatch
+  (nested lax.scan).
+
+  Args:
+    forward: forward(params, minibatch transitions) -> (masked logits [B, A], values [B],
+      valid-action mask [B, A]).
+    optimizer: the learner's optax transformation (make_optimizer).
+    params, opt_state: the learner's parameters and optimizer state.
+    key: PRNG key of this update's permutations (split into one per epoch).
+    batch: batch_lib.Batch; N (its transitions) a multiple of settings.num_minibatches.
+    entropy_coef: the entropy weight of this update (entropy_coefficient).
+    constrain: applied to the shuffled [num_minibatches, B, ...] transitions of each epoch
+      (sharding constraints of a data-parallel update).
+  Returns:
+    (params, opt_state, metrics averaged over all steps: ppo_loss's, and grad_norm).
+  """
+  adv, returns = batch_lib.advantages(batch, settings.gae_lambda)
+  data = dict(batch.transitions, advantages=normalize_advantages(adv, batch.transitions["weights"]),
+              returns=returns)
+  n = data["actions"].shape[0]
+  mb_size = n // settings.num_minibatches
+
+  def loss_fn(params, mb):
+    logits, values, mask = forward(params, mb)
+    return ppo_loss(logits, values, mb["actions"], mb["old_logp"], mb["advantages"], mb["returns"],
+                    mask, mb["weights"], clip_eps=settings.clip_eps, value_coef=settings.value_coef,
+                    entropy_coef=entropy_coef)
+
+  def epoch(carry, key):
+    perm = jax.random.permutation(key, n)[:mb_size * settings.num_minibatches]
+    shuffled = jax.tree_util.tree_map(
+        lambda x: x[perm].reshape((settings.num_minibatches, mb_size) + x.shape[1:]), data)
+    if constrain is not None:
+      shuffled = constrain(shuffled)
+
+    def minibatch(carry, mb):
+      params, opt_state = carry
+      (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, mb)
+      updates, opt_state = optimizer.update(grads, opt_state, params)
+      params = optax.apply_updates(params, updates)
+      metrics["grad_norm"] = optax.global_norm(grads)
+      return (params, opt_state), metrics
+    return jax.lax.scan(minibatch, carry, shuffled)
+
+  (params, opt_state), metrics = jax.lax.scan(epoch, (params, opt_state),
+                                              jax.random.split(key, settings.epochs))
+  return params, opt_state, jax.tree_util.tree_map(jnp.mean, metrics)
+
+
+def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransformation,
+                   settings: PPOSettings, *, num_updates: int = 1, num_chunks: int | None = None,
+                   max_traces: int | None = None, mesh=None):
+  """GARNet's update: update(state, hub_features, hist, batch) -> (state, metrics), jitted once
+  per shape; `learn` with GARNet's forward pass (forward_batch).
+
+  batch: batch_lib.Batch whose transitions hold obs (dict), actions, old_logp, weights, episode,
+  step, hist_chunk [N], hist_count [N, A] (N a multiple of settings.num_minibatches).
+  num_updates: the run's number of updates (the lr decay is the optimizer's; the entropy decay,
+  settings.entropy_decay_updates(num_updates), is applied here at state.update_step).
   num_chunks: the chunk budget of the history inputs; None = N + 1 (each padded batch size N
   compiles once, so one function serves several padding buckets).
   hist: rows [H, F], segment [H] from HistoryMemory.update_inputs(..., num_chunks); in the
   summary ablation also summary [A, D] (PolicyRunner.history_input_array of the iteration).
-  entropy_decay_updates > 0: update k (state.update_step) uses the entropy coefficient
-  entropy_coef x (1 - (1 - entropy_final_fraction) x min(k / entropy_decay_updates, 1)).
   mesh: a jax.sharding.Mesh (axis parallel.DATA) of several devices: the update places its
   inputs (host data identical on every process) -- history rows sharded, transitions sharded, the
-  rest replicated -- and returns replicated state; N / num_minibatches must then be a multiple of
-  the mesh size, and the history row count too (parallel.pad_rows). One device (or None): the
-  plain jitted function, bit for bit the unsharded program.
+  episodes and the rest replicated -- and returns replicated state; N / num_minibatches must then
+  be a multiple of the mesh size, and the history row count too (parallel.pad_rows). One device
+  (or None): the plain jitted function, bit for bit the unsharded program.
   """
   sharded = parallel.is_sharded(mesh)
-  loss_kw = dict(clip_eps=clip_eps, value_coef=value_coef)
+  decay_updates = settings.entropy_decay_updates(num_updates)
 
   def chunks_of(batch) -> int:
-    return num_chunks or batch["actions"].shape[0] + 1
+    return num_chunks or batch.transitions["actions"].shape[0] + 1
 
-  def loss_fn(params, hub_features, hist, mb, ent_coef, chunks):
-    logits, values = forward_batch(model, params, hub_features, hist, mb, chunks, mesh)
-    w = mb["weights"]
-    adv = mb["advantages"]
-    return ppo_loss(logits, values, mb["actions"], mb["old_logp"], adv, mb["returns"],
-                    mb["obs"]["mask"], w, entropy_coef=ent_coef, **loss_kw)
+  def constrain(shuffled):   # data-parallel minibatches: each device takes B / devices of them
+    return jax.lax.with_sharding_constraint(shuffled, NamedSharding(mesh, P(None, parallel.DATA)))
 
-  def update(state: TrainingState, hub_features, hist, batch):
-    n = batch["actions"].shape[0]
+  def update(state: TrainingState, hub_features, hist, batch: batch_lib.Batch):
     chunks = chunks_of(batch)
-    mb_size = n // num_minibatches
-    # Advantage normalisation over the real transitions of the whole batch.
-    w = batch["weights"]
-    mean = jnp.sum(batch["advantages"] * w) / jnp.maximum(w.sum(), 1)
-    std = jnp.sqrt(jnp.sum(jnp.square(batch["advantages"] - mean) * w) / jnp.maximum(w.sum(), 1))
-    batch = dict(batch, advantages=(batch["advantages"] - mean) / (std + 1e-8))
-    ent_coef = entropy_coefficient(state.update_step, entropy_coef, entropy_decay_updates,
-                                   entropy_final_fraction)
 
-    def epoch(carry, key):
-      params, opt_state = carry
-      perm = jax.random.permutation(key, n)
-      shuffled = jax.tree_util.tree_map(lambda x: x[perm].reshape((num_minibatches, mb_size) + x.shape[1:]), batch)
-      if sharded:   # data-parallel minibatches: each device takes mb_size / devices transitions
-        shuffled = jax.lax.with_sharding_constraint(
-            shuffled, NamedSharding(mesh, P(None, parallel.DATA)))
-
-      def minibatch(carry, mb):
-        params, opt_state = carry
-        (_, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(params, hub_features, hist, mb,
-                                                                   ent_coef, chunks)
-        updates, opt_state = optimizer.update(grads, opt_state, params)
-        params = optax.apply_updates(params, updates)
-        metrics["grad_norm"] = optax.global_norm(grads)
-        return (params, opt_state), metrics
-
-      (params, opt_state), metrics = jax.lax.scan(minibatch, (params, opt_state), shuffled)
-      return (params, opt_state), metrics
-
+    def forward(params, mb):
+      logits, values = forward_batch(model, params, hub_features, hist, mb, chunks, mesh)
+      return logits, values, mb["obs"]["mask"]
+    ent_coef = entropy_coefficient(state.update_step, settings.entropy_coef, decay_updates,
+                                   settings.entropy_final_fraction)
     rng, key = jax.random.split(state.rng)
-    (params, opt_state), metrics = jax.lax.scan(epoch, (state.params, state.opt_state),
-                                                jax.random.split(key, epochs))
-    metrics = jax.tree_util.tree_map(jnp.mean, metrics)
+    params, opt_state, metrics = learn(forward, optimizer, settings, state.params, state.opt_state,
+                                       key, batch, entropy_coef=ent_coef,
+                                       constrain=constrain if sharded else None)
     metrics["param_norm"] = optax.global_norm(params)
     metrics["entropy_coef"] = ent_coef
     return TrainingState(params, opt_state, rng, state.update_step + 1), metrics
@@ -267,12 +380,13 @@ def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransforma
 
   def place_and_update(state, hub_features, hist, batch):
     if "segment" in hist and not isinstance(hist["segment"], jax.Array):
-      rows_, segment = parallel.pad_rows(hist["rows"], hist["segment"], mesh.size,
-                                         chunks_of(batch) * batch["hist_count"].shape[-1])
+      budget = chunks_of(batch) * batch.transitions["hist_count"].shape[-1]
+      rows_, segment = parallel.pad_rows(hist["rows"], hist["segment"], mesh.size, budget)
       hist = dict(hist, rows=rows_, segment=segment)
     hist = {k: parallel.put(v, rows if k in ("rows", "segment") else rep) for k, v in hist.items()}
-    return jitted(parallel.put_tree(state, rep), parallel.put(hub_features, rep), hist,
-                  parallel.put_tree(batch, rows))
+    episodes = {k: parallel.put(getattr(batch, k), rep) for k in batch_lib.EPISODE_FIELDS}
+    batch = batch.replace(transitions=parallel.put_tree(batch.transitions, rows), **episodes)
+    return jitted(parallel.put_tree(state, rep), parallel.put(hub_features, rep), hist, batch)
   place_and_update.jitted = jitted
   return place_and_update
 

@@ -28,8 +28,8 @@ from gp_jax import progress as progress_lib
 from gp_jax.graph import features as features_lib
 from gp_jax.graph import garnet as garnet_lib
 from gp_jax.graph import history as history_lib
+from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import checkpoint as checkpoint_lib
-from gp_jax.rl import gae as gae_lib
 from gp_jax.rl import parallel
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
@@ -38,85 +38,7 @@ from gp_jax.util import aio
 from gp_jax.workflow import env as env_lib
 
 
-def batch_size_for(episodes_per_iter: int, max_calls: int, num_minibatches: int,
-                   devices: int = 1) -> int:
-  """Fixed padded transition count of every update: all the calls the episodes could make,
-  rounded up to a multiple of 8 per minibatch (one shape per run, so one compilation), and of the
-  device count per minibatch (minibatches are split across the mesh)."""
-  unit = math.lcm(8, devices) * num_minibatches
-  return -(-episodes_per_iter * max_calls // unit) * unit
-
-
 PADDINGS = ("fixed", "buckets")   # train.padding
-MAX_WASTE = 0.25   # buckets: largest padded share of a batch (beyond the smallest sizes)
-
-
-def padding_buckets(max_size: int, unit: int) -> list[int]:
-  """Padded batch sizes (multiples of `unit`, the last one `max_size`) such that a batch of n
-  transitions, padded to the smallest size >= n, wastes at most MAX_WASTE of it once n > 3 units
-  (below that, at most one unit): each size is at most 4/3 of the one before."""
-  sizes = [unit]
-  while sizes[-1] < max_size:
-    grow = int(sizes[-1] / (1 - MAX_WASTE)) // unit * unit
-    sizes.append(min(max(grow, sizes[-1] + unit), max_size))
-  return sizes
-
-
-def padded_size(n: int, sizes: list[int]) -> int:
-  """The smallest of `sizes` that holds n transitions."""
-  for size in sizes:
-    if size >= n:
-      return size
-  raise ValueError(f"{n} transitions exceed the batch size {sizes[-1]}")
-
-
-_gae = jax.jit(gae_lib.batched_gae)
-
-
-def build_batch(episodes: list[rollout.Episode], history: history_lib.HistoryMemory | None, *,
-                gamma: float, gae_lambda: float, batch_size: int, num_hubs: int) -> tuple[dict, dict]:
-  """PPO batch padded to `batch_size` transitions, and history inputs, from finished episodes.
-
-  history: the memory whose per-hub sums the decisions read (transductive), else None."""
-  T = max(len(e.rewards) for e in episodes)
-  E = len(episodes)
-  rewards = np.zeros((E, T), np.float32)
-  discounts = np.zeros((E, T), np.float32)
-  values = np.zeros((E, T + 1), np.float32)
-  for i, e in enumerate(episodes):
-    n = len(e.rewards)
-    rewards[i, :n] = e.rewards
-    discounts[i, :n - 1] = gamma          # the last step is terminal
-    values[i, :n] = e.values
-  adv = np.asarray(_gae(rewards, discounts, values, gae_lambda))
-  obs, actions, logp, advs, rets, snaps = [], [], [], [], [], []
-  for i, e in enumerate(episodes):
-    n = len(e.rewards)
-    obs += e.obs
-    actions += e.actions
-    logp += e.logp
-    advs += list(adv[i, :n])
-    rets += list(adv[i, :n] + values[i, :n])
-    snaps += e.snapshots
-  n = len(actions)
-  N = batch_size
-  if n > N:
-    raise ValueError(f"{n} transitions exceed the batch size {N}")
-  def pad(x, dtype):
-    x = np.asarray(x, dtype)
-    out = np.zeros((N,) + x.shape[1:], dtype)
-    out[:n] = x
-    return out
-  obs_b = features_lib.stack(obs, pad_to=N)
-  if history is None:   # no per-transition sums (inductive, summary, retrieval): empty memory
-    history = history_lib.HistoryMemory(obs_b["rows"].shape[-1], num_hubs, capacity=0)
-    snaps = np.zeros(len(snaps), np.int64)
-  hist_inputs = history.update_inputs(np.asarray(snaps), num_chunks=N + 1)
-  batch = dict(obs=obs_b, actions=pad(actions, np.int32), old_logp=pad(logp, np.float32),
-               advantages=pad(advs, np.float32), returns=pad(rets, np.float32),
-               weights=pad(np.ones(n), np.float32), hist_chunk=pad(hist_inputs.pop("chunk"), np.int32),
-               hist_count=pad(hist_inputs.pop("count"), np.float32))
-  return batch, hist_inputs
 
 
 class MetricsLog:
@@ -146,7 +68,6 @@ class MetricsLog:
 
 
 HISTORY_MODES = ("transductive", "inductive", "summary", "retrieval")   # model.history
-SCHEDULES = ("constant", "linear")   # ppo.lr_schedule and ppo.entropy_schedule
 
 
 def init_state(model, featurizer, optimizer, seed: int) -> ppo.TrainingState:
@@ -162,61 +83,6 @@ def init_state(model, featurizer, optimizer, seed: int) -> ppo.TrainingState:
                       jnp.zeros((2, spec.row_dim)), obs)["params"]
   return ppo.TrainingState(params=params, opt_state=optimizer.init(params), rng=rng,
                            update_step=jnp.zeros((), jnp.int32))
-
-
-def _linear(config, key: str) -> bool:
-  """Whether config.ppo.<key> (an lr or entropy schedule) is "linear"; unknown names: ConfigError."""
-  schedule = config.ppo.get(key, "constant")
-  if schedule not in SCHEDULES:
-    raise errors.unknown_name(f"ppo.{key}", schedule, SCHEDULES)
-  return schedule == "linear"
-
-
-def _num_updates(config) -> int:
-  """PPO updates (iterations) of the run."""
-  return max(1, math.ceil(config.train.episodes / config.train.episodes_per_iter))
-
-
-def _lr_decay_steps(config) -> int:
-  """Gradient steps of the linear lr decay (0 = constant rate)."""
-  if not _linear(config, "lr_schedule"):
-    return 0
-  return _num_updates(config) * int(config.ppo.epochs) * int(config.ppo.num_minibatches)
-
-
-def _entropy_decay_updates(config) -> int:
-  """PPO updates of the linear entropy-coefficient decay (0 = constant)."""
-  return _num_updates(config) if _linear(config, "entropy_schedule") else 0
-
-
-def make_optimizer(config):
-  """The PPO optimizer of config.ppo (Adam, value lr multiplier, global-norm clipping, and with
-  ppo.lr_schedule = "linear" a linear decay to ppo.lr_final_fraction over the run's gradient steps:
-  ceil(train.episodes / train.episodes_per_iter) x epochs x num_minibatches)."""
-  p = config.ppo
-  return ppo.make_optimizer(learning_rate=p.learning_rate, value_lr_multiplier=p.value_lr_multiplier,
-                            max_grad_norm=p.max_grad_norm, decay_steps=_lr_decay_steps(config),
-                            final_fraction=float(p.get("lr_final_fraction", 0.0)))
-
-
-def make_update(config, system, model, optimizer, episodes: int, mesh=None):
-  """(jitted PPO update, padded batch size) for updates over `episodes` episodes of `system`.
-
-  mesh: the learner's device mesh (make_mesh); None = one device."""
-  p = config.ppo
-  roles = system.space.roles
-  max_calls = system.mdp_cfg.max_calls(thinker=bool(roles.indices_of_kind("thinker")),
-                                       verifier=bool(roles.indices_of_kind("verifier")))
-  batch_size = batch_size_for(episodes, max_calls, int(p.num_minibatches),
-                              mesh.size if mesh is not None else 1)
-  # num_chunks follows the padded size (batch_size + 1 with fixed padding; per bucket otherwise).
-  update = ppo.make_update_fn(model, optimizer, epochs=int(p.epochs), num_minibatches=int(p.num_minibatches),
-                              clip_eps=p.clip_eps, value_coef=p.value_coef, entropy_coef=p.entropy_coef,
-                              num_chunks=None,
-                              entropy_decay_updates=_entropy_decay_updates(config),
-                              entropy_final_fraction=float(p.get("entropy_final_fraction", 0.0)),
-                              mesh=mesh)
-  return update, batch_size
 
 
 def _shares(n: int, parts: int) -> list[tuple[int, int]]:
@@ -237,8 +103,8 @@ class LoopSettings:
     checkpoint_every: iterations between "latest" checkpoints (the last iteration always saves;
       the best by running reward is saved whenever it improves).
     entropy_stop: the run stops early once the policy entropy of an update falls below this.
-    gamma: discount of the batch's advantages.
-    gae_lambda: GAE lambda of the batch's advantages.
+    gamma: discount of the batch's advantages (their GAE lambda is the update's PPOSettings').
+    max_calls: the MDP's bound on one episode's calls (the batch's episode grid).
     history: the history mode (HISTORY_MODES): which memory the decisions read and grow.
     history_capacity: rows the history memory keeps after each update's eviction.
   """
@@ -249,7 +115,7 @@ class LoopSettings:
   checkpoint_every: int
   entropy_stop: float
   gamma: float
-  gae_lambda: float
+  max_calls: int
   history: str
   history_capacity: int
 
@@ -402,11 +268,12 @@ def _iteration(loop: _Loop, state: ppo.TrainingState, meta: dict,
   t_roll = time.time()
   episodes = _rollouts(loop, it)
   t_upd = time.time()
-  size = loop.batch_size if loop.buckets is None else padded_size(
+  size = loop.batch_size if loop.buckets is None else batch_lib.padded_size(
       sum(len(e.rewards) for e in episodes), loop.buckets)
-  batch, hist_inputs = build_batch(episodes, loop.history if s.history == "transductive" else None,
-                                   gamma=s.gamma, gae_lambda=s.gae_lambda, batch_size=size,
-                                   num_hubs=loop.env.space.size)
+  batch, hist_inputs = batch_lib.build_batch(
+      episodes, loop.history if s.history == "transductive" else None, gamma=s.gamma,
+      batch_size=size, num_episodes=s.episodes_per_iter, max_calls=s.max_calls,
+      num_hubs=loop.env.space.size)
   if s.history == "summary":   # the summary every decision of this iteration read
     hist_inputs["summary"] = loop.runner.history_input_array()
   state, m = loop.update(state, loop.hub_features, hist_inputs, batch)

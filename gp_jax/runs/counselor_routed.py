@@ -140,8 +140,9 @@ def run_seed(cfg: ExperimentConfig, seed: int, *, concurrency: int = 8,
   settings = counselor_settings(cfg)
   router = routing.make_router(
       catalog=catalog, llms=catalog.names, encoder=enc, seed=seed, counselor_settings=settings,
-      cfg=routing.RouterConfig(learning_rate=cfg.learning_rate, entropy_coef=cfg.entropy_coef,
-                               gae_lambda=cfg.gae_lambda))
+      cfg=routing.RouterConfig(ppo=dataclasses.replace(
+          routing.DEFAULT_PPO, learning_rate=cfg.learning_rate, entropy_coef=cfg.entropy_coef,
+          gae_lambda=cfg.gae_lambda)))
   log(f"seed {seed}: {len(graph)} nodes, {len(train_q)} train / {len(test_q)} test questions, "
       f"{len(catalog)} LLMs; training {cfg.episodes} episodes")
   t1 = time.perf_counter()

@@ -25,6 +25,7 @@ from gp_jax.baselines import labels as labels_lib
 from gp_jax.baselines import multi_round
 from gp_jax.baselines import single_round
 from gp_jax.runs import evaluate as evaluation
+from gp_jax.runs import learner as learner_cfg
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
@@ -194,17 +195,11 @@ def _check_router_llm(config, name: str) -> None:
 def multi_kwargs_from_config(config) -> dict:
   """Hyperparameters of the multi-round routers from config.sweep (Router-R1's PPO clip, epochs,
   minibatches, gamma, lambda, value weight and grad clip are GraphPlanner's config.ppo ones)."""
-  s, p = config.sweep, config.ppo
+  s = config.sweep
   return dict(knn_k=int(s.knn_k), router_llm=str(s.get("router_llm", "")),
               r1_hidden=int(s.get("r1_hidden", 64)), r1_episodes=int(s.get("r1_episodes", 512)),
               r1_batch=int(s.get("r1_batch", 32)), r1_reward=str(config.train.reward),
-              r1_ppo=multi_round.PPOSettings(
-                  learning_rate=float(s.get("r1_learning_rate", 1e-3)), epochs=int(p.epochs),
-                  num_minibatches=int(p.num_minibatches), clip_eps=float(p.clip_eps),
-                  gamma=float(p.gamma), gae_lambda=float(p.gae_lambda),
-                  value_coef=float(p.value_coef),
-                  entropy_coef=float(s.get("r1_entropy_coef", 0.01)),
-                  max_grad_norm=float(p.max_grad_norm)))
+              r1_ppo=learner_cfg.router_r1_settings(config))
 
 
 def sweep_from_config(config, workdir, *, verbose: bool = True) -> dict:

@@ -15,8 +15,10 @@ from gp_jax import errors
 from gp_jax import progress as progress_lib
 from gp_jax.graph import features as features_lib
 from gp_jax.graph import garnet as garnet_lib
+from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import parallel
 from gp_jax.rl import train as rl_train
+from gp_jax.runs import learner as learner_cfg
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import workdir as workdir_config
 
@@ -118,18 +120,18 @@ def validate(config) -> None:
   for ok, what in checks:
     if not ok:
       raise errors.ConfigError(f"invalid config: need {what}")
-  rl_train._lr_decay_steps(config)          # unknown ppo.lr_schedule / entropy_schedule names
-  rl_train._entropy_decay_updates(config)
+  learner_cfg.ppo_settings(config)          # unknown ppo.lr_schedule / entropy_schedule names
   make_model(config)                        # model errors before anything is built
 
 
-def loop_settings(config) -> rl_train.LoopSettings:
-  """The learner's loop settings of config.train, config.ppo and config.model."""
+def loop_settings(config, max_calls: int) -> rl_train.LoopSettings:
+  """The learner's loop settings of config.train, config.ppo and config.model; max_calls: the
+  MDP's bound on one episode's calls (learner.max_calls of the system)."""
   t = config.train
   return rl_train.LoopSettings(
       episodes=t.episodes, episodes_per_iter=t.episodes_per_iter, parallel=int(t.parallel),
       seed=config.seed, checkpoint_every=t.checkpoint_every, entropy_stop=config.ppo.entropy_stop,
-      gamma=config.ppo.gamma, gae_lambda=config.ppo.gae_lambda, history=config.model.history,
+      gamma=config.ppo.gamma, max_calls=max_calls, history=config.model.history,
       history_capacity=int(config.model.history_capacity))
 
 
@@ -162,21 +164,21 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   enable_compile_cache(config.get("compile_cache", ""))
   workdir = pathlib.Path(workdir)
   check_workdir(config, workdir)
-  settings = loop_settings(config)
   if verbose:
-    progress_lib.note(f"[train] {workdir}: {settings.iterations} iterations of "
-                      f"{settings.episodes_per_iter} episodes; compiling first (a minute or "
+    progress_lib.note(f"[train] {workdir}: {learner_cfg.num_updates(config)} iterations of "
+                      f"{config.train.episodes_per_iter} episodes; compiling first (a minute or "
                       f"more without a warm XLA cache)")
   sysm = system or system_lib.build(config)
+  settings = loop_settings(config, learner_cfg.max_calls(sysm))
   env = sysm.env(float(config.alpha), reward=config.train.get("reward", "sampled"))
   model = make_model(config, sysm.featurizer.spec)
-  optimizer = rl_train.make_optimizer(config)
-  update, batch_size = rl_train.make_update(config, sysm, model, optimizer,
-                                            int(config.train.episodes_per_iter), mesh)
+  optimizer = learner_cfg.make_optimizer(config)
+  update, batch_size = learner_cfg.make_update(config, sysm, model, optimizer,
+                                               int(config.train.episodes_per_iter), mesh)
   buckets = None   # fixed padding: every batch is batch_size transitions
   if config.train.get("padding", "fixed") == "buckets":
-    unit = rl_train.batch_size_for(1, 1, int(config.ppo.num_minibatches), mesh.size)
-    buckets = rl_train.padding_buckets(batch_size, unit)
+    unit = batch_lib.batch_size_for(1, 1, int(config.ppo.num_minibatches), mesh.size)
+    buckets = batch_lib.padding_buckets(batch_size, unit)
   return rl_train.train(workdir, env=env, featurizer=sysm.featurizer, queries=sysm.train_queries,
                         model=model, optimizer=optimizer, update=update, batch_size=batch_size,
                         settings=settings, buckets=buckets,
@@ -191,6 +193,6 @@ def load_router(config, workdir, system: system_lib.System, *, best: bool = True
   model = make_model(config, system.featurizer.spec)
   params, history = rl_train.restore_policy(
       pathlib.Path(workdir) / "checkpoints", model, system.featurizer,
-      rl_train.make_optimizer(config), seed=config.seed, num_hubs=system.space.size,
+      learner_cfg.make_optimizer(config), seed=config.seed, num_hubs=system.space.size,
       history_capacity=int(config.model.history_capacity), best=best)
   return model, params, history

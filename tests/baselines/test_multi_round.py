@@ -9,7 +9,12 @@ import pytest
 from experiments.configs import sweep as sweep_config
 from gp_jax import errors
 from gp_jax.baselines import multi_round as mr
+from gp_jax.baselines.multi_round import knn
+from gp_jax.baselines.multi_round import prompted
+from gp_jax.baselines.multi_round import router_r1
 from gp_jax.llm import base
+from gp_jax.rl import batch as batch_lib
+from gp_jax.rl import ppo
 from gp_jax.runs import sweep
 from gp_jax.runs import system as system_lib
 from gp_jax.workflow import mdp
@@ -75,13 +80,13 @@ def test_knn_routes_to_label_argmax_with_identical_neighbours(system):
   M, D = len(llms), system.encoder.dim
   u_row, c_row = np.array([0.3, 0.8, 0.6]), np.array([0.1, 1.0, 0.2])
   x = np.tile(np.eye(D, dtype=np.float32)[:1], (20, 1))          # every sub-question alike
-  subs = mr.SubQuestionLabels(x, np.tile(u_row, (20, 1)).astype(np.float32),
+  subs = knn.SubQuestionLabels(x, np.tile(u_row, (20, 1)).astype(np.float32),
                               np.tile(c_row, (20, 1)).astype(np.float32))
   grid = np.zeros((M, 4, M), np.float32)
   grid[1, :, 2] = 1.0                                              # pipeline: planner 1, merger 2
-  router = mr.KNNMultiRound(k=5)
+  router = knn.KNNMultiRound(k=5)
   router.space, router.encoder = system.space, system.encoder
-  router.labels = mr.PipelineLabels(tuple(llms), grid, np.zeros_like(grid), (subs,) * M)
+  router.labels = knn.PipelineLabels(tuple(llms), grid, np.zeros_like(grid), (subs,) * M)
   for alpha, want in ((0.0, 1), (0.9, 2)):                         # argmax of u - alpha * c
     assert int(np.argmax(u_row - alpha * c_row)) == want
     q = np.random.default_rng(0).normal(size=(3, D))
@@ -110,7 +115,7 @@ def test_knn_pipeline_labels(system, fitted):
   p, g = lab.best_pipeline(0.0)
   r = lab.utility.mean(1)
   assert r[p, g] == r.max()
-  again = mr.KNNMultiRound(k=3).fit(system, system.train_queries, seed=0).labels
+  again = knn.KNNMultiRound(k=3).fit(system, system.train_queries, seed=0).labels
   np.testing.assert_array_equal(again.utility, lab.utility)        # deterministic
 
 
@@ -118,7 +123,7 @@ def test_heuristic_prompt_router_ranks_as_documented(system, fitted):
   rng = np.random.default_rng(0)
   x, llm_x = rng.normal(size=(4, 6)), rng.normal(size=(3, 6))
   price = np.array([1.0, 0.25, 0.5])
-  got = mr.heuristic_scores(x, llm_x, price, 0.7)
+  got = prompted.heuristic_scores(x, llm_x, price, 0.7)
   for b in range(4):
     for m in range(3):
       cos = x[b] @ llm_x[m] / np.linalg.norm(x[b]) / np.linalg.norm(llm_x[m])
@@ -136,12 +141,12 @@ def test_heuristic_prompt_router_ranks_as_documented(system, fitted):
 
 def test_parse_model_choice():
   names = ["qwen2.5-7b-instruct", "llama-3.1-8b-instruct", "llama3-chatqa-1.5-70b"]
-  assert mr.parse_model_choice("Use llama3-chatqa-1.5-70b.", names, "d") == "llama3-chatqa-1.5-70b"
-  assert mr.parse_model_choice("LLAMA-3.1-8B-Instruct, not qwen2.5-7b-instruct", names, "d") == \
+  assert prompted.parse_model_choice("Use llama3-chatqa-1.5-70b.", names, "d") == "llama3-chatqa-1.5-70b"
+  assert prompted.parse_model_choice("LLAMA-3.1-8B-Instruct, not qwen2.5-7b-instruct", names, "d") == \
       "llama-3.1-8b-instruct"
-  assert mr.parse_model_choice("gpt-4o would be best", names, "qwen2.5-7b-instruct") == \
+  assert prompted.parse_model_choice("gpt-4o would be best", names, "qwen2.5-7b-instruct") == \
       "qwen2.5-7b-instruct"
-  assert mr.parse_model_choice("", names, "d") == "d"
+  assert prompted.parse_model_choice("", names, "d") == "d"
 
 
 class RoutingReplies(base.LLMPool):
@@ -177,37 +182,50 @@ def test_r1_mask_is_router_r1s_action_set(system):
   env = system.env(0.0)
   q = system.train_queries[0]
   state = env.reset(q)
-  m = mr.r1_mask(space, router_llm, state, env.mask(state))
+  m = router_r1.r1_mask(space, router_llm, state, env.mask(state))
   allowed = {space.decode(a) for a in np.flatnonzero(m)}
   assert {(r.kind, llm) for r, llm in allowed} == (
       {("executor", x) for x in space.llms} | {("planner", router_llm)})
   policies.aio.run(env.step(state, q, space.encode("planner", "llama3-chatqa-1.5-70b"), seed=0))
-  m = mr.r1_mask(space, router_llm, state, env.mask(state))   # a turn: any executor, no re-planning
+  m = router_r1.r1_mask(space, router_llm, state, env.mask(state))   # a turn: any executor, no re-planning
   assert {space.decode(a)[0].kind for a in np.flatnonzero(m)} == {"executor"}
   assert m.sum() == space.num_llms
   # Every turn executed: the router LLM summarises, then gives the final answer itself.
   while not state.root_summarized:
-    m = mr.r1_mask(space, router_llm, state, env.mask(state))
+    m = router_r1.r1_mask(space, router_llm, state, env.mask(state))
     if state.node.status == "planning":
       assert {(space.decode(a)[0].kind, space.decode(a)[1]) for a in np.flatnonzero(m)} == {
           ("summarizer", router_llm)}
     policies.aio.run(env.step(state, q, int(np.flatnonzero(m)[-1]), seed=0))
-  m = mr.r1_mask(space, router_llm, state, env.mask(state))
+  m = router_r1.r1_mask(space, router_llm, state, env.mask(state))
   assert [space.decode(a)[1] for a in np.flatnonzero(m)] == [router_llm]
   assert space.decode(int(np.flatnonzero(m)[0]))[0].kind == "executor"
+
+
+def batch_loss(r, params, batch) -> float:
+  """The clipped-PPO loss of Router-R1's net on a whole batch (as ppo.learn computes it)."""
+  adv, returns = batch_lib.advantages(batch, r.settings.gae_lambda)
+  tr = batch.transitions
+  logits, values, mask = router_r1.forward(r.net, params, tr)
+  return float(ppo.ppo_loss(logits, values, tr["actions"], tr["old_logp"],
+                            ppo.normalize_advantages(adv, tr["weights"]), returns, mask,
+                            tr["weights"], clip_eps=r.settings.clip_eps,
+                            value_coef=r.settings.value_coef,
+                            entropy_coef=r.settings.entropy_coef)[0])
 
 
 def test_router_r1_ppo_update_lowers_loss_and_training_raises_reward(system):
   r = tiny_r1(r1_episodes=16 * 24, r1_batch=16).fit(system, system.train_queries, seed=0)
   env = system.env(0.9, reward="expected")
   params = r.init_params()
-  tr, _ = r.rollout(env, system.train_queries, params, jax.random.PRNGKey(0), greedy=False,
-                    seed_base=0)
-  batch = mr.prepare_batch(tr, r.hp)
-  before = float(mr.batch_loss(r.net, r.hp, params, batch)[0])
-  update = mr.make_update(r.net, r.hp)
-  new, _, _ = update(params, mr.make_optimizer(r.hp).init(params), jax.random.PRNGKey(1), tr)
-  after = float(mr.batch_loss(r.net, r.hp, new, batch)[0])
+  episodes, _ = r.rollout(env, system.train_queries, params, jax.random.PRNGKey(0),
+                          greedy=False, seed_base=0)
+  batch = r.make_batch(episodes)
+  before = batch_loss(r, params, batch)
+  update = router_r1.make_update(r.net, r.settings)
+  new, _, _ = update(params, router_r1.make_optimizer(r.settings).init(params),
+                     jax.random.PRNGKey(1), batch)
+  after = batch_loss(r, new, batch)
   assert after < before - 1e-3
   out = r.train(0.9)
   ret = out["mean_return"]

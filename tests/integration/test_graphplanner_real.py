@@ -6,6 +6,7 @@ recorded in a replay cache. Checked: real token usage and catalog $ cost on ever
 update on the real transitions, and an offline re-run from the cache with identical results.
 """
 import asyncio
+import dataclasses
 import json
 import re
 import sqlite3
@@ -20,9 +21,11 @@ from gp_jax.graph import history as history_lib
 from gp_jax.llm import base
 from gp_jax.llm import catalog as catalog_lib
 from gp_jax.llm import replay
+from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
 from gp_jax.rl import train as train_lib
+from gp_jax.runs import learner as learner_cfg
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 from gp_jax.types import Query
@@ -79,9 +82,7 @@ def run_policy(config, pool: base.LLMPool) -> dict:
                             scorer=word_match, sampling=SAMPLING)
   model = training.make_model(config)
   p = config.ppo
-  optimizer = ppo.make_optimizer(learning_rate=p.learning_rate,
-                                 value_lr_multiplier=p.value_lr_multiplier,
-                                 max_grad_norm=p.max_grad_norm)
+  optimizer = ppo.make_optimizer(learner_cfg.ppo_settings(config))
   state = train_lib.init_state(model, sysm.featurizer, optimizer, config.seed)
   history = history_lib.HistoryMemory(sysm.featurizer.spec.row_dim, sysm.space.size,
                                       capacity=int(config.model.history_capacity))
@@ -152,13 +153,15 @@ def test_ppo_update_on_real_transitions(recorded):
   config = recorded["config"]
   p = config.ppo
   n = sum(len(e.rewards) for e in episodes)
-  batch_size = train_lib.batch_size_for(len(episodes), sysm.mdp_cfg.max_calls(), 1)
-  batch, hist = train_lib.build_batch(episodes, history, gamma=p.gamma, gae_lambda=p.gae_lambda,
-                                      batch_size=batch_size, num_hubs=sysm.space.size)
-  assert float(batch["weights"].sum()) == n
-  update = ppo.make_update_fn(recorded["model"], recorded["optimizer"], epochs=1,
-                              num_minibatches=1, clip_eps=p.clip_eps, value_coef=p.value_coef,
-                              entropy_coef=p.entropy_coef, num_chunks=batch_size + 1)
+  batch_size = batch_lib.batch_size_for(len(episodes), learner_cfg.max_calls(sysm), 1)
+  batch, hist = batch_lib.build_batch(episodes, history, gamma=p.gamma, batch_size=batch_size,
+                                      num_episodes=len(episodes),
+                                      max_calls=learner_cfg.max_calls(sysm),
+                                      num_hubs=sysm.space.size)
+  assert float(batch.transitions["weights"].sum()) == n
+  settings = dataclasses.replace(learner_cfg.ppo_settings(config), epochs=1, num_minibatches=1)
+  update = ppo.make_update_fn(recorded["model"], recorded["optimizer"], settings,
+                              num_chunks=batch_size + 1)
   state = jax.tree_util.tree_map(jnp.array, recorded["state"])   # a copy: the update donates it
   before = jax.tree_util.tree_map(np.array, state.params)
   new_state, metrics = update(state, jnp.asarray(sysm.featurizer.hub_features), hist, batch)

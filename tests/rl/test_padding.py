@@ -4,6 +4,7 @@ import json
 import pytest
 
 from experiments.configs import test as test_config
+from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import train as train_lib
 from gp_jax.runs import train as training
 
@@ -11,21 +12,21 @@ from gp_jax.runs import train as training
 @pytest.mark.parametrize("devices", [1, 4])
 def test_buckets_waste_at_most_a_quarter(devices):
   # Default config: 64 episodes x 10 calls at most, 4 minibatches.
-  unit = train_lib.batch_size_for(1, 1, 4, devices)
-  top = train_lib.batch_size_for(64, 10, 4, devices)
-  sizes = train_lib.padding_buckets(top, unit)
+  unit = batch_lib.batch_size_for(1, 1, 4, devices)
+  top = batch_lib.batch_size_for(64, 10, 4, devices)
+  sizes = batch_lib.padding_buckets(top, unit)
   assert sizes[-1] == top and sizes == sorted(set(sizes))
   assert all(s % unit == 0 for s in sizes)
   for n in range(1, top + 1):
-    size = train_lib.padded_size(n, sizes)
+    size = batch_lib.padded_size(n, sizes)
     assert size >= n
     if n > 3 * unit:
-      assert (size - n) / size <= train_lib.MAX_WASTE, (n, size)
+      assert (size - n) / size <= batch_lib.MAX_WASTE, (n, size)
     else:
       assert size - n < unit
   assert len(sizes) <= 12   # few shapes, so few compilations
   with pytest.raises(ValueError, match="exceed"):
-    train_lib.padded_size(top + 1, sizes)
+    batch_lib.padded_size(top + 1, sizes)
 
 
 def test_bucketed_run_compiles_once_per_padded_size(tmp_path):
@@ -42,4 +43,4 @@ def test_bucketed_run_compiles_once_per_padded_size(tmp_path):
     # No recompiles beyond the first batch of each padded size (history growth inside its
     # bucket, new parameters, new data: all the same program).
     assert r["update_compiles"] == len(seen), recs
-  assert max(seen) < train_lib.batch_size_for(16, 10, 2)   # the fixed size today
+  assert max(seen) < batch_lib.batch_size_for(16, 10, 2)   # the fixed size today

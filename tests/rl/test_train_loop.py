@@ -6,6 +6,7 @@ import json
 import pathlib
 
 from experiments.configs import test as test_config
+from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import parallel
 from gp_jax.rl import ppo
 from gp_jax.rl import train as rl_train
@@ -35,18 +36,20 @@ def test_explicit_pieces_reproduce_the_configured_run(tmp_path):
   sysm = system_lib.build(cfg)
   env = sysm.env(float(cfg.alpha), reward=t.reward)
   model = training.make_model(cfg, sysm.featurizer.spec)
-  optimizer = ppo.make_optimizer(learning_rate=p.learning_rate,
-                                 value_lr_multiplier=p.value_lr_multiplier,
-                                 max_grad_norm=p.max_grad_norm, final_fraction=0.0)
+  ppo_settings = ppo.PPOSettings(
+      learning_rate=p.learning_rate, epochs=p.epochs, num_minibatches=p.num_minibatches,
+      clip_eps=p.clip_eps, gamma=p.gamma, gae_lambda=p.gae_lambda, value_coef=p.value_coef,
+      entropy_coef=p.entropy_coef, max_grad_norm=p.max_grad_norm,
+      value_lr_multiplier=p.value_lr_multiplier)
+  optimizer = ppo.make_optimizer(ppo_settings)
   mesh = parallel.make_mesh(0)
-  update = ppo.make_update_fn(model, optimizer, epochs=p.epochs, num_minibatches=p.num_minibatches,
-                              clip_eps=p.clip_eps, value_coef=p.value_coef,
-                              entropy_coef=p.entropy_coef, entropy_final_fraction=0.0, mesh=mesh)
-  batch_size = rl_train.batch_size_for(t.episodes_per_iter, sysm.mdp_cfg.max_calls(),
-                                       p.num_minibatches, mesh.size)
+  update = ppo.make_update_fn(model, optimizer, ppo_settings, mesh=mesh)
+  max_calls = sysm.mdp_cfg.max_calls()
+  batch_size = batch_lib.batch_size_for(t.episodes_per_iter, max_calls, p.num_minibatches,
+                                        mesh.size)
   settings = rl_train.LoopSettings(
       episodes=32, episodes_per_iter=16, parallel=16, seed=0, checkpoint_every=1,
-      entropy_stop=0.0, gamma=0.99, gae_lambda=0.95, history="transductive",
+      entropy_stop=0.0, gamma=0.99, max_calls=max_calls, history="transductive",
       history_capacity=400)
   explicit = rl_train.train(tmp_path / "explicit", env=env, featurizer=sysm.featurizer,
                             queries=sysm.train_queries, model=model, optimizer=optimizer,

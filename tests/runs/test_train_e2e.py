@@ -13,10 +13,12 @@ import pytest
 
 from experiments.configs import test as test_config
 from gp_jax.graph import history as history_lib
+from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
 from gp_jax.rl import train as train_lib
 from gp_jax.runs import pipeline
+from gp_jax.runs import learner as learner_cfg
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 
@@ -129,23 +131,25 @@ def test_no_retrace_as_history_grows_within_a_bucket():
   cfg = test_config.get_config()
   sysm = system_lib.build(cfg)
   model = training.make_model(cfg)
-  opt = ppo.make_optimizer(learning_rate=1e-3, value_lr_multiplier=2.0, max_grad_norm=0.5)
+  settings = ppo.PPOSettings(learning_rate=1e-3, epochs=1, num_minibatches=2, clip_eps=0.2,
+                             gamma=0.99, gae_lambda=0.95, value_coef=0.5, entropy_coef=0.01,
+                             max_grad_norm=0.5, value_lr_multiplier=2.0)
+  opt = ppo.make_optimizer(settings)
   state = train_lib.init_state(model, sysm.featurizer, opt, 0)
   runner = rollout.PolicyRunner(model, sysm.featurizer.hub_features, 8, max_traces=1)
   history = history_lib.HistoryMemory(sysm.featurizer.spec.row_dim, sysm.space.size, capacity=400)
   runner.set_params(state.params, history)
   env = sysm.env(0.3)
-  bsz = train_lib.batch_size_for(8, sysm.mdp_cfg.max_calls(), 2)
-  update = ppo.make_update_fn(model, opt, epochs=1, num_minibatches=2, clip_eps=0.2, value_coef=0.5,
-                              entropy_coef=0.01, num_chunks=bsz + 1, max_traces=1)
+  bsz = batch_lib.batch_size_for(8, sysm.mdp_cfg.max_calls(), 2)
+  update = ppo.make_update_fn(model, opt, settings, num_chunks=bsz + 1, max_traces=1)
   import asyncio
   sizes = []
   for it in range(3):   # history grows 0 -> ~100 rows, all inside the first bucket
     eps = asyncio.run(rollout.run_episodes(
         env, sysm.featurizer, runner, sysm.train_queries[it * 8:(it + 1) * 8],
         key=jax.random.PRNGKey(it), greedy=False, history=history, grow_history=True, seed_salt=it))
-    batch, hist = train_lib.build_batch(eps, history, gamma=0.99, gae_lambda=0.95,
-                                        batch_size=bsz,
+    batch, hist = batch_lib.build_batch(eps, history, gamma=0.99, batch_size=bsz, num_episodes=8,
+                                        max_calls=learner_cfg.max_calls(sysm),
                                         num_hubs=sysm.space.size)
     state, _ = update(state, jnp.asarray(sysm.featurizer.hub_features), hist, batch)
     runner.set_params(state.params, history)

@@ -6,7 +6,7 @@ import dataclasses
 import numpy as np
 import pytest
 
-from gp_jax.baselines import multi_round
+from gp_jax.baselines.multi_round import router_r1
 from gp_jax.runs import system as system_lib
 from gp_jax.sim import optimal
 from gp_jax.sim import simulator as sim
@@ -72,7 +72,7 @@ def test_restricted_dp_matches_brute_force_under_router_r1_mask(tiny_world, alph
   router = tiny_world["names"][0]
   solver = optimal.OptimalSolver(tiny_world["world"], env.space, cfg, alpha, system_lib.sim_describe,
                                  planners=[router], mergers=[router], max_plan_depth=1)
-  r1 = lambda state: multi_round.r1_mask(env.space, router, state, env.mask(state))
+  r1 = lambda state: router_r1.r1_mask(env.space, router, state, env.mask(state))
   oracle = optimal.OraclePolicy(solver)
   for q in tiny_world["world"].sample_queries(3, seed=1, split="bf"):
     value = solver.value(q)

@@ -18,10 +18,11 @@ query node, A hubs, one memory row per earlier call, each row linked to the quer
 Simplification of GraphPlanner: no cross-episode history table (GARNet(use_history=False); the
 PPO update gets an empty one), since a question's own calls already show what each hub did.
 
-Training: PPO (gp_jax.rl.ppo.make_update_fn -- one jitted update -- with ppo_loss) on episodes =
-one question's calls, per-call reward
-    r_t = -alpha * C_t  (+ U at the last call),   U = exact match of the final answer
-with GAE (gp_jax.rl.gae.batched_gae). Test time: greedy (argmax of the masked logits).
+Training: PPO with rl/'s one learner (gp_jax.rl.ppo.make_update_fn -- GAE and the clipped-PPO
+steps in one jitted update -- on gp_jax.rl.batch batches) on episodes = one question's calls,
+per-call reward
+    r_t = -alpha * C_t  (+ U at the last call),   U = exact match of the final answer.
+Test time: greedy (argmax of the masked logits).
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ from gp_jax.counselor.kg import functions as functions_lib
 from gp_jax.graph import garnet as garnet_lib
 from gp_jax.llm import base
 from gp_jax.llm import catalog as catalog_lib
-from gp_jax.rl import gae as gae_lib
+from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import ppo
 from gp_jax.text import encoder as encoder_lib
 from gp_jax.workflow import reward as reward_lib
@@ -63,41 +64,35 @@ KIND_DESCRIPTIONS = {
                "improved strategy for the next trial.",
 }
 STATE_EXTRA = 12
+# The router's PPO settings when none are given: GraphPlanner's, with a faster learning rate and
+# no discount (a question's reward comes at its last call).
+DEFAULT_PPO = ppo.PPOSettings(learning_rate=1e-3, epochs=4, num_minibatches=4, clip_eps=0.2,
+                              gamma=1.0, gae_lambda=0.95, value_coef=0.5, entropy_coef=0.01,
+                              max_grad_norm=0.5, value_lr_multiplier=2.0)
 
 
 @dataclasses.dataclass(frozen=True)
 class RouterConfig:
-  """Router network and PPO settings (defaults: GraphPlanner's, with a faster learning rate)."""
+  """Router network, its PPO settings and the update's shapes."""
   hidden: int = 32
   num_layers: int = 2
   mlp_hidden: int = 64
   mem_proj: int = 32           # P: memory-row text projection width
   max_rows: int = 24           # M: the last M calls are the workflow graph's rows
-  learning_rate: float = 1e-3
-  value_lr_multiplier: float = 2.0
-  max_grad_norm: float = 0.5
-  clip_eps: float = 0.2
-  epochs: int = 4
-  num_minibatches: int = 4
-  value_coef: float = 0.5
-  entropy_coef: float = 0.01
-  gamma: float = 1.0
-  gae_lambda: float = 0.95
+  ppo: ppo.PPOSettings = DEFAULT_PPO
   update_size: int = 256       # transitions per jitted PPO update (one shape)
   forward_batch: int = 8       # observations per jitted policy forward during rollouts
 
   def validate(self) -> "RouterConfig":
-    for name in ("hidden", "num_layers", "mlp_hidden", "max_rows", "epochs", "num_minibatches",
-                 "update_size", "forward_batch"):
+    for name in ("hidden", "num_layers", "mlp_hidden", "max_rows", "update_size",
+                 "forward_batch"):
       if getattr(self, name) < 1:
         raise errors.ConfigError(f"router {name} must be >= 1, got {getattr(self, name)}")
-    if self.update_size % self.num_minibatches:
+    if self.update_size % self.ppo.num_minibatches:
       raise errors.ConfigError(f"update_size {self.update_size} must be a multiple of "
-                               f"num_minibatches {self.num_minibatches}")
-    if self.mem_proj < 0 or self.learning_rate <= 0 or not 0 < self.clip_eps < 1:
-      raise errors.ConfigError("router needs mem_proj >= 0, learning_rate > 0, 0 < clip_eps < 1")
-    if not 0 <= self.gamma <= 1 or not 0 <= self.gae_lambda <= 1 or self.entropy_coef < 0:
-      raise errors.ConfigError("router needs gamma, gae_lambda in [0, 1] and entropy_coef >= 0")
+                               f"num_minibatches {self.ppo.num_minibatches}")
+    if self.mem_proj < 0:
+      raise errors.ConfigError(f"router mem_proj must be >= 0, got {self.mem_proj}")
     return self
 
 
@@ -281,9 +276,7 @@ class Router:
     dummy = self._dummy_obs()
     params = jax.jit(self.model.init)(jax.random.PRNGKey(seed), self.hub_features,
                                       self._hist["rows"], dummy)["params"]
-    self.optimizer = ppo.make_optimizer(learning_rate=cfg.learning_rate,
-                                        value_lr_multiplier=cfg.value_lr_multiplier,
-                                        max_grad_norm=cfg.max_grad_norm)
+    self.optimizer = ppo.make_optimizer(cfg.ppo)
     self.state = ppo.TrainingState(params, self.optimizer.init(params),
                                    jax.random.PRNGKey(seed + 1), jnp.zeros((), jnp.int32))
     model = self.model
@@ -294,11 +287,7 @@ class Router:
       logits = model.apply({"params": params}, h, obs, method=model.policy)
       return logits, model.apply({"params": params}, hub_features, obs, method=model.value)
     self._forward = jax.jit(jax.vmap(forward, in_axes=(None, None, 0)))
-    self._update = ppo.make_update_fn(
-        model, self.optimizer, epochs=cfg.epochs, num_minibatches=cfg.num_minibatches,
-        clip_eps=cfg.clip_eps, value_coef=cfg.value_coef, entropy_coef=cfg.entropy_coef,
-        num_chunks=1)
-    self._gae = jax.jit(gae_lib.batched_gae, static_argnums=3)
+    self._update = ppo.make_update_fn(model, self.optimizer, cfg.ppo, num_chunks=1)
 
   def _empty_history(self) -> dict:
     """An empty history table for ppo.make_update_fn (one padding row in the dropped segment)."""
@@ -328,41 +317,30 @@ class Router:
     return RouterSelector(self, sample=sample, seed=seed, record=record)
 
   def update(self, episodes: Sequence[tuple[list[Transition], np.ndarray]]) -> dict[str, float]:
-    """PPO on episodes [(transitions, rewards [T])]: GAE, then updates on shuffled chunks of
-    `update_size` transitions (the last one padded with zero weights), so the jitted update sees
-    one shape. Returns the mean of the chunks' metrics."""
+    """PPO on episodes [(transitions, rewards [T])]: updates on shuffled chunks of `update_size`
+    transitions (packed batches, the last one padded with zero weights), so the jitted update sees
+    one shape per episode grid (episodes and steps rounded up to powers of two); each update runs
+    GAE over all the episodes. Returns the mean of the chunks' metrics."""
     cfg, A = self.cfg, self.featurizer.A
     episodes = [(tr, r) for tr, r in episodes if tr]
     if not episodes:
       return {}
+    flat = [t for tr, _ in episodes for t in tr]
+    n = len(flat)
+    transitions = dict(obs={k: np.stack([t.obs[k] for t in flat]) for k in flat[0].obs},
+                       actions=np.array([t.action for t in flat], np.int32),
+                       old_logp=np.array([t.logp for t in flat], np.float32),
+                       hist_chunk=np.zeros(n, np.int32), hist_count=np.zeros((n, A), np.float32))
+    rewards = [r for _, r in episodes]
+    values = [[t.value for t in tr] for tr, _ in episodes]
     T = _bucket(max(len(tr) for tr, _ in episodes), 16)
-    Bp = _bucket(len(episodes), 8)
-    rewards = np.zeros((Bp, T), np.float32)
-    discounts = np.zeros((Bp, T), np.float32)
-    values = np.zeros((Bp, T + 1), np.float32)
-    for i, (tr, r) in enumerate(episodes):
-      n = len(tr)
-      rewards[i, :n] = r
-      discounts[i, :n - 1] = cfg.gamma
-      values[i, :n] = [t.value for t in tr]
-    adv = np.asarray(self._gae(rewards, discounts, values, float(cfg.gae_lambda)))
-    flat = [(t, adv[i, j], adv[i, j] + values[i, j])
-            for i, (tr, _) in enumerate(episodes) for j, t in enumerate(tr)]
-    perm = np.random.default_rng(int(self.state.update_step)).permutation(len(flat))
-    flat = [flat[i] for i in perm]
+    E = _bucket(len(episodes), 8)
+    perm = np.random.default_rng(int(self.state.update_step)).permutation(n)
     N = cfg.update_size
     out: list[dict] = []
-    for start in range(0, len(flat), N):
-      chunk = flat[start:start + N]
-      pad = chunk + [chunk[-1]] * (N - len(chunk))
-      weights = np.zeros(N, np.float32)
-      weights[:len(chunk)] = 1.0
-      batch = dict(obs={k: np.stack([t.obs[k] for t, _, _ in pad]) for k in pad[0][0].obs},
-                   actions=np.array([t.action for t, _, _ in pad], np.int32),
-                   old_logp=np.array([t.logp for t, _, _ in pad], np.float32),
-                   advantages=np.array([a for _, a, _ in pad], np.float32),
-                   returns=np.array([r for _, _, r in pad], np.float32), weights=weights,
-                   hist_chunk=np.zeros(N, np.int32), hist_count=np.zeros((N, A), np.float32))
+    for start in range(0, n, N):
+      batch = batch_lib.build(transitions, rewards, values, gamma=cfg.ppo.gamma, size=N,
+                              num_episodes=E, num_steps=T, order=perm[start:start + N])
       self.state, m = self._update(self.state, self.hub_features, self._hist, batch)
       out.append({k: float(v) for k, v in m.items()})
     return {k: float(np.mean([m[k] for m in out])) for k in out[0]}

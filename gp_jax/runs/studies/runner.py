@@ -33,10 +33,11 @@ from gp_jax import progress as progress_lib
 from gp_jax.baselines import labels as labels_lib
 from gp_jax.baselines import single_round
 from gp_jax.graph import history as history_lib
+from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
-from gp_jax.rl import train as train_lib
 from gp_jax.runs import evaluate as evaluation
+from gp_jax.runs import learner as learner_cfg
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
@@ -133,10 +134,11 @@ def few_shot_update(config, system, model, params, history, n: int, seed: int):
       env, system.featurizer, runner, queries, key=jax.random.PRNGKey(seed + 7), greedy=False,
       history=history, grow_history=history is not None, seed_salt=("few-shot", seed)))
   p = config.ppo
-  optimizer = train_lib.make_optimizer(config)
-  update, batch_size = train_lib.make_update(config, system, model, optimizer, len(queries))
-  batch, hist_inputs = train_lib.build_batch(episodes, history, gamma=p.gamma,
-                                             gae_lambda=p.gae_lambda, batch_size=batch_size,
+  optimizer = learner_cfg.make_optimizer(config)
+  update, batch_size = learner_cfg.make_update(config, system, model, optimizer, len(queries))
+  batch, hist_inputs = batch_lib.build_batch(episodes, history, gamma=p.gamma,
+                                             batch_size=batch_size, num_episodes=len(queries),
+                                             max_calls=learner_cfg.max_calls(system),
                                              num_hubs=system.space.size)
   state = ppo.TrainingState(params=params, opt_state=optimizer.init(params),
                             rng=jax.random.PRNGKey(seed), update_step=jnp.zeros((), jnp.int32))

@@ -1,4 +1,5 @@
 """The simulated counselor backend, the counselor router, and experiments/counselor_routed.py."""
+import dataclasses
 import json
 import pathlib
 import subprocess
@@ -114,7 +115,8 @@ def tiny_router(catalog):
   from gp_jax.text import encoder as encoder_lib
   llms = [SMALL, BIG]
   cfg = routing.RouterConfig(hidden=16, num_layers=1, mlp_hidden=16, mem_proj=8, max_rows=8,
-                             update_size=64, learning_rate=3e-3, entropy_coef=0.0)
+                             update_size=64, ppo=dataclasses.replace(
+                                 routing.DEFAULT_PPO, learning_rate=3e-3, entropy_coef=0.0))
   return lambda seed=0: routing.make_router(catalog=catalog.select(llms), llms=llms,
                                             encoder=encoder_lib.make_encoder("hashing", dim=64),
                                             cfg=cfg, seed=seed)
@@ -142,7 +144,6 @@ def test_training_moves_the_policy_to_the_dominant_llm(academic, catalog, tiny_r
   router = tiny_router(seed=3)
   # the big model is made far better than the small one, at the same price
   profiles = simulator.load_profiles(catalog)
-  import dataclasses
   profiles[BIG] = dataclasses.replace(profiles[BIG], theta={"knowledge_reasoning": 3.0})
   profiles[SMALL] = dataclasses.replace(profiles[SMALL], theta={"knowledge_reasoning": -3.0})
   pool = sim_pool.SimCounselorPool(catalog.select([SMALL, BIG]), questions, profiles=profiles)
