@@ -27,7 +27,7 @@ _MODE = flags.DEFINE_enum("mode", "run", ["run", "generate"], "Run a method, or 
 _GRAPH = flags.DEFINE_string("graph", "", "run: GRBench graph.json.")
 _QUESTIONS = flags.DEFINE_string("questions", "", "run: JSONL questions {qid, question, answer}.")
 _OUT = flags.DEFINE_string("out", "", "run: predictions JSONL ('' = not written).")
-_OUT_DIR = flags.DEFINE_string("out_dir", "", "generate: folder for graph.json and questions.jsonl.")
+_OUT_DIR = flags.DEFINE_string("out_dir", "", "generate: folder of graph.json, questions.jsonl.")
 
 
 @common.user_errors_exit_2

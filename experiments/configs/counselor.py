@@ -22,7 +22,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.endpoints_file = ""            # endpoints JSON written by experiments/serve_backbones.py
   c.catalog_file = ""              # LLM catalog JSON; "" = data/llm_pool.json
   c.model = ""                     # catalog LLM of every agent kind; "" = the catalog's first
-  c.models = ""                    # per agent kind: "plan=a,thought=b,action=c,judge=d,reflect=e,answer=f"
+  c.models = ""                    # per agent kind, overriding model: "plan=a,reflect=b" (kinds:
+                                   # plan, thought, action, judge, reflect, answer)
   c.llm_judge = True               # also score with the LLM-judge metric
   c.judge_model = ""               # its LLM; "" = the LLM of the 'judge' agent kind
   c.limit = 0                      # only the first N questions (0 = all)

@@ -2,9 +2,9 @@
 
 Per seed s: the questions are shuffled with s and split into n_train training and n_test test
 questions; a router (counselor/routing/router.py) is trained with PPO on the training questions
-against the simulated counselor backend (counselor/synth/sim_pool.py, draws seeded from s); then the routed counselor
-(greedy) and Graph Counselor with each single LLM for all five agent kinds answer the test
-questions on one evaluation pool (same seed for every method). Per method: mean exact match, mean
+against the simulated counselor backend (counselor/synth/sim_pool.py, draws seeded from s); then
+the routed counselor (greedy) and Graph Counselor with each single LLM for all five agent kinds
+answer the test questions on one evaluation pool (same seed for every method). Per method: mean exact match, mean
 $ per question, calls per question, and the reward U - alpha * C (C in milli-dollars).
 
 Each finished seed is written to <workdir>/seeds/seed_<s>.json with the experiment's settings;
