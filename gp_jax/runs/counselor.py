@@ -186,7 +186,8 @@ def _functions(graph_path: str, *, text_keys: str, on_dangling: str, encoder: st
 def _answer(questions: list[data_lib.GraphQuestion], *, method: str,
             funcs: functions_lib.GraphFunctions, pool: base.LLMPool,
             select_llm: records.LLMSelector, judge: str, concurrency: int,
-            settings: Mapping[str, Any], log: Callable[[str], None]) -> list:
+            settings: Mapping[str, Any], log: Callable[[str], None]
+            ) -> list[evaluate_lib.Prediction]:
   """The method's scored predictions on every question (progress every tenth); closes the pool."""
   done = [0]
 

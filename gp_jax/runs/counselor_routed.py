@@ -273,7 +273,6 @@ def parse_seeds(text: str) -> list[int]:
                              ) from None
 
 
-
 def experiment_config(config) -> ExperimentConfig:
   """The settings of config (experiments/configs/counselor_routed.py) that decide the numbers."""
   return ExperimentConfig(
