@@ -1,4 +1,4 @@
-"""Graph Counselor runner: generate a GRBench-format dataset, or run a method on a graph.
+r"""Graph Counselor runner: generate a GRBench-format dataset, or run a method on a graph.
 
   # a generated dataset (graph.json + questions.jsonl with gold answers and plans)
   python experiments/counselor.py --mode=generate --out_dir=/tmp/kg \

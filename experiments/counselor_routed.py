@@ -1,4 +1,4 @@
-"""Routed Graph Counselor: GraphPlanner's router picks the backbone of every agent step, compared
+r"""Routed Graph Counselor: GraphPlanner's router picks the backbone of every agent step, compared
 with one fixed LLM for all agents, on the simulated counselor backend (no real LLM, CPU only).
 
   # default size (academic 'small' graph, 150 train / 70 test questions, 3 seeds)
