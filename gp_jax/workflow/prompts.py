@@ -2,31 +2,32 @@
 
 The prompt contract. Two readers depend on the exact text of these messages: the simulated pool
 (gp_jax/sim/simulator.py), an LLM that reads every call back from its messages alone, and the exact
-optimum (gp_jax/sim/optimal.py), which counts the tokens of the messages without rendering them.
-The markers below are the only prompt text they know, and both use these constants:
+optimum (gp_jax/sim/optimal.py), which counts their tokens from the templates and the markers
+without building the messages. The markers below are the only prompt text they know, and they take
+them from here:
 
-  marker            written by                           the simulated pool reads
-  system_prefix     roles.json system template, up to    the role's kind: the first role whose
-                    its first field                      prefix starts the system message
-  PLANNER_WIDTH     roles.json planner system template   the width and whether it is exact
-                    (width_rule: EXACTLY or AT_MOST)     (Phase 1) from the planner's message
-  QUESTION          roles.json user template of planner,  the node: the rest of the last line
-                    executor and thinker                 that starts with the marker
-  MAIN_QUESTION     roles.json user template of the      the node: the rest of the first line
-                    CHILDREN_KINDS (summarizer, verifier) that starts with the marker
-  NOTES             executor context after a thinker     the notes (their author's think quality)
-  DRAFT             executor context at the root's       that a final answer is asked, and the
-                    final answer                         draft it restates
-  SUBQUESTION,      children block of the CHILDREN_KINDS (sub-question, answer) pairs, in order
+  marker          written by                               the simulated pool reads
+  system_prefix   roles.json system template, up to its    the role's kind: the first role whose
+                  first field                              prefix starts the system message
+  PLANNER_WIDTH   roles.json planner system template,      the width, and whether it is exact
+                  {width_rule} = EXACTLY or AT_MOST        (Phase 1) or a maximum
+  QUESTION        roles.json user templates of planner,    the node: the rest of the last line
+                  executor and thinker                     that starts with the marker
+  MAIN_QUESTION   roles.json user templates of the         the node: the rest of the first line
+                  CHILDREN_KINDS (summarizer, verifier)    that starts with the marker
+  NOTES           executor context after a thinker         the notes (their author's quality)
+  DRAFT           executor context at the root's final     that a final answer is asked, and the
+                  answer                                   draft it restates
+  SUBQUESTION,    children block of the CHILDREN_KINDS     (sub-question, answer) pairs, in order
   ANSWER
 
-Each marker starts a line; the node's text and the notes are one line each (the simulator's texts
-are). The optimum adds the tokens of NOTES, DRAFT, SUBQUESTION and ANSWER to those of the rendered
-templates, so it counts exactly what `build_messages` sends. `roles.load_roles` checks that every
-template of data/roles.json carries its markers (a DataError naming the template otherwise), and
-tests/sim/test_prompt_contract.py renders every kind's prompts and reads them back. A changed
-marker changes every prompt's token count, so every simulated cost and documented number, and
-makes replay caches (keyed by the messages) miss.
+QUESTION to ANSWER each start a line; the node's text and the notes are one line each (the
+simulator's texts are). The optimum adds the tokens of NOTES, DRAFT, SUBQUESTION and ANSWER to
+those of the rendered templates, so it counts exactly what `build_messages` sends.
+`roles.load_roles` checks that every template of data/roles.json carries its markers (a DataError
+naming the template otherwise), and tests/sim/test_prompt_contract.py renders every kind's prompts
+and reads them back. A changed marker changes every prompt's token count, so every simulated cost
+and documented number, and makes replay caches (keyed by the messages) miss.
 """
 from __future__ import annotations
 
