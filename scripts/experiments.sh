@@ -25,13 +25,8 @@ for study in phases unseen ablations roles; do
     --workdir="$root/studies/$study" "$@"
   stamp "study $study"
 done
-if [ "$size" = test ]; then
-  python -m experiments.counselor_routed --workdir="$root/counselor_routed" --size=tiny \
-    --per_template=4 --n_train=24 --n_test=16 --episodes=192 --batch_questions=16 --seeds=0 \
-    --llms=qwen2.5-7b-instruct,llama-3.1-8b-instruct,llama-3.3-nemotron-super-49b-v1
-else
-  python -m experiments.counselor_routed --workdir="$root/counselor_routed"
-fi
+python -m experiments.counselor_routed --config="experiments/configs/counselor_routed.py$suffix" \
+  --workdir="$root/counselor_routed"
 stamp "routed Graph Counselor"
 python -m experiments.report --root="$root" --out="$out"
 stamp "report"

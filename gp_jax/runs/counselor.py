@@ -1,8 +1,10 @@
 """The Graph Counselor experiment: data -> pool -> method -> scores, and the dataset generator.
 
-`run_experiment` is what experiments/counselor.py calls: it loads a GRBench graph and question
-file, builds the text encoder, the retrieval index and the LLM pool, runs a method on every
-question, prints per-difficulty scores and writes predictions as JSON lines. Pools:
+`run_experiment` loads a GRBench graph and question file, builds the text encoder, the retrieval
+index and the LLM pool, runs a method on every question, prints per-difficulty scores and writes
+predictions as JSON lines; `generate` writes a generated dataset. experiments/counselor.py calls
+them through `run_from_config` and `generate_from_config` with its ml_collections config
+(experiments/configs/counselor.py). Pools:
 
   endpoints  OpenAI-compatible servers (vLLM, llama.cpp, ...) listed in an endpoints file
              (gp_jax/llm/openai_pool.py); every selected model must be served.
@@ -47,7 +49,7 @@ def parse_assignments(text: str, what: str) -> dict[str, str]:
 def make_selector(model: str, models: str | Mapping[str, str] = "") -> records.LLMSelector:
   """A fixed selector: `model` for every agent kind, overridden per kind by `models`
   ('plan=a,reflect=b' or a dict)."""
-  table = parse_assignments(models, "--models") if isinstance(models, str) else dict(models)
+  table = parse_assignments(models, "config.models") if isinstance(models, str) else dict(models)
   if model:
     table.setdefault("default", model)
   return records.fixed_selector(table)
@@ -72,15 +74,15 @@ def build_pool(kind: str, *, catalog: catalog_lib.Catalog,
     if missing:
       raise errors.ConfigError(
           f"the oracle pool follows gold plans, but {len(missing)} question(s) have none (e.g. "
-          f"{missing[0]!r}); use generated questions (--mode=generate) or --pool=endpoints")
+          f"{missing[0]!r}); use generated questions (--mode=generate) or config.pool=endpoints")
     return oracle_lib.OraclePool.from_questions(catalog, questions)
   if not endpoints_file:
-    raise errors.ConfigError("--pool=endpoints needs --endpoints_file (written by "
+    raise errors.ConfigError("config.pool=endpoints needs config.endpoints_file (written by "
                              "experiments/serve_backbones.py)")
   try:
     from gp_jax.llm import openai_pool  # optional: needs aiohttp and the backbones module
   except ImportError as e:
-    raise errors.ConfigError(f"--pool=endpoints needs the OpenAI-compatible pool "
+    raise errors.ConfigError(f"config.pool=endpoints needs the OpenAI-compatible pool "
                              f"(gp_jax/llm/openai_pool.py) and its dependencies: {e}") from None
   pool_cls = getattr(openai_pool, "OpenAIPool", None)
   if pool_cls is None:
@@ -134,12 +136,7 @@ def run_experiment(*, graph_path: str, questions_path: str, method: str = "couns
   Returns:
     The per-level summary (evaluate.summarize).
   """
-  if method not in evaluate_lib.METHODS:
-    raise errors.unknown_name("method", method, evaluate_lib.METHODS)
-  if pool not in POOLS:
-    raise errors.unknown_name("pool", pool, POOLS)
-  if limit < 0:
-    raise errors.ConfigError(f"--limit must be >= 0, got {limit}")
+  _check_choices(method, pool, limit)
   catalog = catalog_lib.load_catalog(catalog_path) if catalog_path else catalog_lib.load_catalog()
   select_llm = make_selector(model or catalog.names[0], models)
   judge = (judge_model or select_llm.table["judge"]) if llm_judge else ""
@@ -149,14 +146,49 @@ def run_experiment(*, graph_path: str, questions_path: str, method: str = "couns
     questions = questions[:limit]
   llm_pool = build_pool(pool, catalog=catalog, questions=questions, endpoints_file=endpoints_file,
                         needed_models=needed)
+  funcs = _functions(graph_path, text_keys=text_keys, on_dangling=on_dangling, encoder=encoder,
+                     encoder_cache=encoder_cache, index_cache_dir=index_cache_dir,
+                     what=f"{len(questions)} questions; method {method}, pool {pool}", log=log)
+  preds = _answer(questions, method=method, funcs=funcs, pool=llm_pool, select_llm=select_llm,
+                  judge=judge, concurrency=concurrency, settings=settings or {}, log=log)
+  summary = evaluate_lib.summarize(preds)
+  log(evaluate_lib.format_summary(summary))
+  if out_path:
+    evaluate_lib.write_predictions(preds, out_path)
+    log(f"predictions written to {out_path}")
+  return summary
+
+
+def _check_choices(method: str, pool: str, limit: int) -> None:
+  if method not in evaluate_lib.METHODS:
+    raise errors.unknown_name("method", method, evaluate_lib.METHODS)
+  if pool not in POOLS:
+    raise errors.unknown_name("pool", pool, POOLS)
+  if limit < 0:
+    raise errors.ConfigError(f"config.limit must be >= 0, got {limit}")
+
+
+def _functions(graph_path: str, *, text_keys: str, on_dangling: str, encoder: str,
+               encoder_cache: str, index_cache_dir: str, what: str,
+               log: Callable[[str], None]) -> functions_lib.GraphFunctions:
+  """The graph functions (with the Retrieve index) over the graph file; logs its size."""
   t0 = time.perf_counter()
-  graph = graph_store.load_graph(graph_path, text_keys=parse_assignments(text_keys, "--text_keys"),
+  graph = graph_store.load_graph(graph_path,
+                                 text_keys=parse_assignments(text_keys, "config.data.text_keys"),
                                  on_dangling=on_dangling)
   enc = encoder_lib.make_encoder(encoder, cache_path=encoder_cache or None)
   funcs = functions_lib.make_functions(graph, enc, cache_dir=index_cache_dir or None)
   log(f"graph {graph_path}: {len(graph)} nodes, {graph.num_edges()} neighbour entries; index "
-      f"({enc.name}) ready in {time.perf_counter() - t0:.1f}s; {len(questions)} questions; "
-      f"method {method}, pool {pool}")
+      f"({enc.name}) ready in {time.perf_counter() - t0:.1f}s; {what}")
+  return funcs
+
+
+def _answer(questions: list[data_lib.GraphQuestion], *, method: str,
+            funcs: functions_lib.GraphFunctions, pool: base.LLMPool,
+            select_llm: records.LLMSelector, judge: str, concurrency: int,
+            settings: Mapping[str, Any], log: Callable[[str], None]
+            ) -> list[evaluate_lib.Prediction]:
+  """The method's scored predictions on every question (progress every tenth); closes the pool."""
   done = [0]
 
   def progress(_):
@@ -167,20 +199,32 @@ def run_experiment(*, graph_path: str, questions_path: str, method: str = "couns
   async def go():
     try:
       return await evaluate_lib.evaluate(
-          questions, method=method, funcs=funcs, pool=llm_pool, select_llm=select_llm,
-          judge_model=judge or None, concurrency=concurrency, settings=settings or {},
+          questions, method=method, funcs=funcs, pool=pool, select_llm=select_llm,
+          judge_model=judge or None, concurrency=concurrency, settings=settings,
           on_done=progress)
     finally:
-      await llm_pool.aclose()
-  t1 = time.perf_counter()
+      await pool.aclose()
+  t0 = time.perf_counter()
   preds = asyncio.run(go())
-  summary = evaluate_lib.summarize(preds)
-  log(f"{method} on {len(preds)} questions in {time.perf_counter() - t1:.1f}s")
-  log(evaluate_lib.format_summary(summary))
-  if out_path:
-    evaluate_lib.write_predictions(preds, out_path)
-    log(f"predictions written to {out_path}")
-  return summary
+  log(f"{method} on {len(preds)} questions in {time.perf_counter() - t0:.1f}s")
+  return preds
+
+
+def run_from_config(config, *, graph_path: str, questions_path: str, out_path: str = "",
+                    log: Callable[[str], None] = print) -> dict[str, dict[str, float]]:
+  """`run_experiment` with the settings of an ml_collections config
+  (experiments/configs/counselor.py)."""
+  return run_experiment(
+      graph_path=graph_path, questions_path=questions_path, method=config.method,
+      pool=config.pool, endpoints_file=config.endpoints_file, catalog_path=config.catalog_file,
+      model=config.model, models=config.models, judge_model=config.judge_model,
+      llm_judge=config.llm_judge, encoder=config.text.encoder, encoder_cache=config.text.cache,
+      index_cache_dir=config.text.index_cache_dir, text_keys=config.data.text_keys,
+      on_dangling="drop" if config.data.drop_dangling else "error", limit=config.limit,
+      concurrency=config.concurrency, out_path=out_path, log=log,
+      settings={"max_steps": config.agents.max_steps, "max_reflect": config.agents.max_reflect,
+                "prompt_token_budget": config.agents.prompt_token_budget,
+                "context_token_budget": config.agents.context_token_budget})
 
 
 def generate(*, domain: str, size: str, seed: int, per_template: int, out_dir: str,
@@ -193,6 +237,14 @@ def generate(*, domain: str, size: str, seed: int, per_template: int, out_dir: s
   log(f"{domain}: {len(graph)} nodes, {graph.num_edges()} neighbour entries, {len(questions)} "
       f"questions {levels} in {time.perf_counter() - t0:.1f}s -> {g}, {q}")
   return g, q
+
+
+def generate_from_config(config, out_dir: str, *, log: Callable[[str], None] = print
+                         ) -> tuple[pathlib.Path, pathlib.Path]:
+  """`generate` with the settings of config.generate (experiments/configs/counselor.py)."""
+  g = config.generate
+  return generate(domain=g.domain, size=g.size, seed=g.seed, per_template=g.per_template,
+                  out_dir=out_dir, log=log)
 
 
 async def sample_trial(pool: base.LLMPool, model: str, *, domain: str = "academic",

@@ -1,15 +1,18 @@
 """The routed Graph Counselor experiment: a trained router vs one fixed LLM for every agent.
 
 Per seed s: the questions are shuffled with s and split into n_train training and n_test test
-questions; a router (routing.py) is trained with PPO on the training questions against the
-simulated counselor backend (sim_pool.py, draws seeded from s); then the routed counselor
-(greedy) and Graph Counselor with each single LLM for all five agent kinds answer the test
-questions on one evaluation pool (same seed for every method). Per method: mean exact match, mean
+questions; a router (counselor/routing/router.py) is trained with PPO on the training questions
+against the simulated counselor backend (counselor/synth/sim_pool.py, draws seeded from s); then
+the routed counselor (greedy) and Graph Counselor with each single LLM for all five agent kinds
+answer the test questions on one evaluation pool (same seed for every method). Per method: mean exact match, mean
 $ per question, calls per question, and the reward U - alpha * C (C in milli-dollars).
 
 Each finished seed is written to <workdir>/seeds/seed_<s>.json with the experiment's settings;
 a rerun skips those seeds (and refuses a workdir holding results of other settings), then writes
 <workdir>/results.json and <workdir>/results.md (mean +- std over the seeds).
+
+`run_from_config` is what experiments/counselor_routed.py calls with its ml_collections config
+(experiments/configs/counselor_routed.py); `run` takes the settings as an ExperimentConfig.
 """
 from __future__ import annotations
 
@@ -65,20 +68,22 @@ class ExperimentConfig:
 
   def validate(self) -> "ExperimentConfig":
     if not (math.isfinite(self.alpha) and self.alpha >= 0):
-      raise errors.ConfigError(f"--alpha must be a finite number >= 0, got {self.alpha}")
+      raise errors.ConfigError(f"config.alpha must be a finite number >= 0, got {self.alpha}")
     if self.n_train < 1 or self.n_test < 1:
-      raise errors.ConfigError(f"--n_train and --n_test must be >= 1, got {self.n_train}, "
-                               f"{self.n_test}")
+      raise errors.ConfigError(f"config.data.n_train and config.data.n_test must be >= 1, got "
+                               f"{self.n_train}, {self.n_test}")
     if self.episodes < 1 or self.batch_questions < 1 or self.per_template < 1:
-      raise errors.ConfigError("--episodes, --batch_questions and --per_template must be >= 1")
+      raise errors.ConfigError("config.train.episodes, config.train.batch_questions and "
+                               "config.data.per_template must be >= 1")
     if self.max_steps < 1 or self.max_reflect < 0:
-      raise errors.ConfigError("--max_steps must be >= 1 and --max_reflect >= 0")
+      raise errors.ConfigError("config.counselor.max_steps must be >= 1 and "
+                               "config.counselor.max_reflect >= 0")
     if bool(self.graph) != bool(self.questions):
-      raise errors.ConfigError("--graph and --questions go together")
+      raise errors.ConfigError("config.data.graph and config.data.questions go together")
     if not self.graph and self.domain not in generator.DOMAINS:
       raise errors.unknown_name("domain", self.domain, generator.DOMAINS)
     if len(set(self.llms)) != len(self.llms):
-      raise errors.ConfigError(f"--llms names an LLM twice: {list(self.llms)}")
+      raise errors.ConfigError(f"config.llms names an LLM twice: {list(self.llms)}")
     return self
 
   def to_json(self) -> dict:
@@ -103,8 +108,9 @@ def load_data(cfg: ExperimentConfig) -> tuple[graph_store.KnowledgeGraph,
 
 def split(questions: Sequence[data_lib.GraphQuestion], cfg: ExperimentConfig, seed: int):
   if cfg.n_train + cfg.n_test > len(questions):
-    raise errors.ConfigError(f"--n_train + --n_test = {cfg.n_train + cfg.n_test} exceeds the "
-                             f"{len(questions)} questions (raise --per_template or --size)")
+    raise errors.ConfigError(f"config.data.n_train + n_test = {cfg.n_train + cfg.n_test} exceeds "
+                             f"the {len(questions)} questions (raise config.data.per_template or "
+                             "config.data.size)")
   perm = np.random.default_rng([seed, 11]).permutation(len(questions))
   train = [questions[i] for i in perm[:cfg.n_train]]
   test = [questions[i] for i in perm[cfg.n_train:cfg.n_train + cfg.n_test]]
@@ -226,11 +232,11 @@ def run(cfg: ExperimentConfig, seeds: Sequence[int], workdir: str, *, concurrenc
   """Runs the missing seeds, then writes results.json and results.md; returns the summary."""
   cfg.validate()
   if not seeds:
-    raise errors.ConfigError("--seeds names no seed")
+    raise errors.ConfigError("config.seeds names no seed")
   if len(set(seeds)) != len(seeds):
-    raise errors.ConfigError(f"--seeds repeats a seed: {list(seeds)}")
+    raise errors.ConfigError(f"config.seeds repeats a seed: {list(seeds)}")
   if concurrency < 1:
-    raise errors.ConfigError(f"--concurrency must be >= 1, got {concurrency}")
+    raise errors.ConfigError(f"config.concurrency must be >= 1, got {concurrency}")
   if not workdir:
     raise errors.ConfigError("--workdir is required")
   catalog = load_catalog(cfg)  # unknown LLMs fail before any work
@@ -264,5 +270,27 @@ def parse_seeds(text: str) -> list[int]:
   try:
     return [int(s) for s in text.split(",") if s.strip()]
   except ValueError:
-    raise errors.ConfigError(f"--seeds must be comma-separated integers, got {text!r}") from None
+    raise errors.ConfigError(f"config.seeds must be comma-separated integers, got {text!r}"
+                             ) from None
 
+
+def experiment_config(config) -> ExperimentConfig:
+  """The settings of config (experiments/configs/counselor_routed.py) that decide the numbers."""
+  return ExperimentConfig(
+      domain=str(config.data.domain), size=str(config.data.size),
+      graph_seed=int(config.data.graph_seed), per_template=int(config.data.per_template),
+      graph=str(config.data.graph), questions=str(config.data.questions),
+      n_train=int(config.data.n_train), n_test=int(config.data.n_test),
+      llms=tuple(s.strip() for s in str(config.llms).split(",") if s.strip()),
+      catalog=str(config.catalog_file), alpha=float(config.alpha),
+      episodes=int(config.train.episodes), batch_questions=int(config.train.batch_questions),
+      learning_rate=float(config.ppo.learning_rate), entropy_coef=float(config.ppo.entropy_coef),
+      gae_lambda=float(config.ppo.gae_lambda), max_steps=int(config.counselor.max_steps),
+      max_reflect=int(config.counselor.max_reflect), skill_domain=str(config.sim.skill_domain),
+      skill_scale=float(config.sim.skill_scale), encoder=str(config.text.encoder))
+
+
+def run_from_config(config, workdir: str, *, log: Callable[[str], None] = print) -> dict:
+  """`run` with the settings, seeds and concurrency of an ml_collections config."""
+  return run(experiment_config(config), parse_seeds(str(config.seeds)), workdir,
+             concurrency=int(config.concurrency), log=log)

@@ -31,9 +31,8 @@ import numpy as np
 from gp_jax.sim import simulator as sim
 from gp_jax.types import Query
 from gp_jax.workflow import mdp
+from gp_jax.workflow import prompts
 from gp_jax.workflow import reward as reward_lib
-
-NOTES, DRAFT, SUBQ, ANS = "Notes:", "Draft answer from the team:", "Sub-question:", "Answer:"
 
 
 @dataclasses.dataclass
@@ -94,7 +93,7 @@ class OptimalSolver:
     self._exec_cache: dict[tuple, tuple] = {}
     self._combo_cache: dict[tuple, tuple] = {}
 
-  # ---- token accounting (mirrors gp_jax/workflow/prompts.py) ----------------------------------
+  # ---- token accounting (what gp_jax/workflow/prompts.py renders; its docstring: the contract) --
   def _base(self, kind: str) -> int:
     if kind not in self._base_cache:
       self._base_cache[kind] = self._render_base(kind)
@@ -103,7 +102,7 @@ class OptimalSolver:
   def _render_base(self, kind: str) -> int:
     role = self.role[kind]
     f = dict(query="", task_description="", answer_format="", context="", children="",
-             max_width=self.width, width_rule="exactly" if self.cfg.phase1 else "at most")
+             **prompts.width_fields(self.cfg))
     return sim.count_tokens(role.system.format(**f)) + sim.count_tokens(role.user.format(**f))
 
   def _fields_tokens(self, kind: str, node_text: str) -> int:
@@ -172,7 +171,7 @@ class OptimalSolver:
         out_t = self.world.output_tokens("thinker", node, t)
         cost_t = self._cost(in_t, out_t)[ti]
         p_t = np.array([self.world.exec_probability(node, m, self.tau[ti]) for m in self.llms])
-        c = self._cost(in_e + sim.count_tokens(NOTES) + out_t, out) + cost_t
+        c = self._cost(in_e + sim.count_tokens(prompts.NOTES) + out_t, out) + cost_t
         opts.append((p_t, c, out, [(t, m) for m in self.llms]))
     p = np.concatenate([o[0] for o in opts]); cost = np.concatenate([o[1] for o in opts])
     out = np.concatenate([o[2] for o in opts]); labels = sum((o[3] for o in opts), [])
@@ -207,8 +206,8 @@ class OptimalSolver:
     pi = self.llms.index(m_p)
     plan_out = sim.count_tokens("\n".join(k.text for k in kids))
     plan_cost = self._cost(self._fields_tokens("planner", node.text), plan_out)[pi]
-    child_q = sum(sim.count_tokens(SUBQ) + sim.count_tokens(k.text) + sim.count_tokens(ANS)
-                  for k in kids)
+    child_q = sum(sim.count_tokens(prompts.SUBQUESTION) + sim.count_tokens(k.text)
+                  + sim.count_tokens(prompts.ANSWER) for k in kids)
     ver_out = sum(sim.count_tokens(sim.answer_line(k.gold)) for k in kids)
     a, const, fixed, mu_c, out_s, labels = [], [], [], [], [], []
     verifiers = [None] + ([m for m in self.llms if m in self._usable] if self.can_verify else [])
@@ -233,7 +232,8 @@ class OptimalSolver:
             fin_cost, phi = 0.0, 1.0
           else:
             fi = self.llms.index(f)
-            in_f = self._fields_tokens("executor", node.text) + sim.count_tokens(DRAFT) + o_s
+            in_f = (self._fields_tokens("executor", node.text) + sim.count_tokens(prompts.DRAFT)
+                    + o_s)
             o_f = self.world.output_tokens("executor", node, f, final=True)
             fin_cost, phi = self._cost(in_f, o_f)[fi], self.phi[fi]
           a.append(self.rho[si] * (1 - r) / w * phi)

@@ -30,6 +30,9 @@ ceil(len/4) tokens, so counts add up over concatenation); output tokens are
 with a fixed jitter j in [0.85, 1.15] per (node, LLM, role). Texts never reveal correctness: a wrong
 answer is a different number of the same length. Sampling is deterministic given the messages and
 SamplingParams.seed, so runs replay exactly.
+The pool knows a call only from its messages: it reads them back by the markers of the prompt
+contract (gp_jax/workflow/prompts.py, which documents it), and its outputs end with "Answer:
+<value>", the answer format the simulated tasks ask for.
 Sub-question texts are unique by construction: each one ends with a tag derived from its key,
 " (ref <12 hex digits>)", so a text is a function of its key alone and no run depends on what the
 process simulated before. SimWorld(unique_texts=False) (config data.sim_unique_texts=False) drops
@@ -61,6 +64,7 @@ from gp_jax.llm import base
 from gp_jax.llm import catalog as catalog_lib
 from gp_jax.sim import events as sim_events
 from gp_jax.types import Query
+from gp_jax.workflow import prompts
 from gp_jax.workflow import roles as roles_lib
 
 SIM_FILE = paths.DATA_DIR / "simulator.json"
@@ -373,8 +377,32 @@ def _filler(rng, n_tokens: int) -> str:
   return " ".join(rng.choice(_FILLER, size=max(0, n_tokens)))
 
 
+# The planner's width in its system message (prompts.PLANNER_WIDTH with the {width_rule} and
+# {max_width} it was rendered with).
+_WIDTH_RULE = f"({re.escape(prompts.AT_MOST)}|{re.escape(prompts.EXACTLY)})"
+_WIDTH_RE = re.compile(re.escape(prompts.PLANNER_WIDTH)
+                       .replace(re.escape("{width_rule}"), _WIDTH_RULE)
+                       .replace(re.escape("{max_width}"), r"(\d+)"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Reading:
+  """What the simulated pool reads from one call's messages (the prompt contract,
+  gp_jax/workflow/prompts.py)."""
+  kind: str | None                    # None: no role's system prefix starts the system message
+  question: str                       # the node's text ("" when its line is missing)
+  width: int = 3                      # planner: the sub-questions asked for (3 if not stated) ...
+  exact: bool = False                 # ... exactly that many (Phase 1) or at most
+  draft: str | None = None            # executor: the draft line of a final answer, or None
+  notes: str | None = None            # executor: the thinker's notes, or None
+  children: tuple[tuple[str, str], ...] = ()   # summarizer, verifier: (sub-question, answer)
+
+
 class SimulatorPool(base.LLMPool):
-  """LLMPool backed by SimWorld. Reads the role from the system message and the node from the text."""
+  """LLMPool backed by SimWorld. Reads each call back from its messages alone (`read`): the role's
+  kind from the system message, the node and the context from the user message, by the markers of
+  the prompt contract (gp_jax/workflow/prompts.py); a message it cannot read gets an
+  'unrecognised_prompt' error."""
 
   def __init__(self, catalog: catalog_lib.Catalog, roles: roles_lib.RoleSet, world: SimWorld):
     super().__init__(catalog)
@@ -382,7 +410,7 @@ class SimulatorPool(base.LLMPool):
       if name not in world.profiles:
         raise errors.ConfigError(f"simulator has no profile for {name!r}")
     self.world = world
-    self._prefixes = [(r.system.split("{")[0], r.kind) for r in roles.roles]
+    self._prefixes = [(prompts.system_prefix(r), r.kind) for r in roles.roles]
     self.calls = 0
 
   def _kind(self, system: str) -> str | None:
@@ -391,20 +419,35 @@ class SimulatorPool(base.LLMPool):
         return kind
     return None
 
+  def read(self, messages: list[dict]) -> Reading:
+    """The kind, node text and context of one call, read from its messages."""
+    system = next((m["content"] for m in messages if m["role"] == "system"), "")
+    user = next((m["content"] for m in messages if m["role"] == "user"), "")
+    kind = self._kind(system)
+    lines = user.splitlines()
+    if kind in prompts.CHILDREN_KINDS:
+      question = next((l[len(prompts.MAIN_QUESTION):] for l in lines
+                       if l.startswith(prompts.MAIN_QUESTION)), "")
+      return Reading(kind, question, children=tuple(_children_pairs(lines)))
+    question = next((l[len(prompts.QUESTION):] for l in reversed(lines)
+                     if l.startswith(prompts.QUESTION)), "")
+    if kind == "planner":
+      m = _WIDTH_RE.search(system)
+      width, exact = (int(m.group(2)), m.group(1) == prompts.EXACTLY) if m else (3, False)
+      return Reading(kind, question, width=width, exact=exact)
+    if kind == "executor":
+      draft = next((l for l in lines if l.startswith(prompts.DRAFT)), None)
+      notes = next((l[len(prompts.NOTES):] for l in lines if l.startswith(prompts.NOTES)), None)
+      return Reading(kind, question, draft=draft, notes=notes)
+    return Reading(kind, question)
+
   async def chat(self, model, messages, params=base.SamplingParams()):
     self.catalog[model]  # unknown model names are a configuration error
     self.calls += 1
-    system = next((m["content"] for m in messages if m["role"] == "system"), "")
-    user = next((m["content"] for m in messages if m["role"] == "user"), "")
     in_tokens = sum(count_tokens(m["content"]) for m in messages)
-    kind = self._kind(system)
-    lines = user.splitlines()
-    if kind in ("summarizer", "verifier"):
-      qline = next((l[len("Main question: "):] for l in lines if l.startswith("Main question: ")), "")
-    else:
-      qline = next((l[len("Question: "):] for l in reversed(lines) if l.startswith("Question: ")), "")
-    node = self.world.lookup(qline)
-    if kind is None or node is None:
+    reading = self.read(messages)
+    node = self.world.lookup(reading.question)
+    if reading.kind is None or node is None:
       return base.failed(model, "unrecognised_prompt", input_tokens=in_tokens)
     events = self.world.events
     if events is not None:   # pool events at this node's root query (events.py)
@@ -414,44 +457,9 @@ class SimulatorPool(base.LLMPool):
         return base.failed(model, "unavailable", input_tokens=in_tokens)
     msg_digest = hashlib.blake2b(repr(messages).encode(), digest_size=8).hexdigest()
     rng = _rng("call", model, msg_digest, params.seed)
-    w, prof = self.world, self.world.profiles[model]
-    if kind == "planner":
-      m = re.search(r"into (at most|exactly) (\d+) simpler", system)
-      width, exact = (int(m.group(2)), m.group(1) == "exactly") if m else (3, False)
-      text = "\n".join(c.text for c in w.children(node, model, width, exact))
-    elif kind == "thinker":
-      n_out = w.output_tokens("thinker", node, model)
-      text = _filler(rng, n_out)
-      w.thoughts[text] = prof.think_quality
-    elif kind == "executor":
-      draft = next((l for l in lines if l.startswith("Draft answer from the team: ")), None)
-      if draft is not None:
-        ok = extract_answer(draft) == node.gold and rng.random() < prof.final_quality
-        n_out = w.output_tokens("executor", node, model, final=True)
-      else:
-        notes = next((l[len("Notes: "):] for l in lines if l.startswith("Notes: ")), None)
-        tau = w.thoughts.get(notes, 0.0) if notes is not None else 0.0
-        ok = rng.random() < w.exec_probability(node, model, tau)
-        n_out = w.output_tokens("executor", node, model)
-      value = node.gold if ok else _distractor(rng, node.gold)
-      text = f"{_filler(rng, n_out - count_tokens(answer_line(value)))} {answer_line(value)}".strip()
-    elif kind in ("summarizer", "verifier"):
-      pairs = _children_pairs(lines)
-      kids = [w.lookup(q) for q, _ in pairs]
-      if not pairs or any(k is None for k in kids):
-        return base.failed(model, "unrecognised_prompt", input_tokens=in_tokens)
-      correct = [extract_answer(a) == k.gold for (_, a), k in zip(pairs, kids)]
-      if kind == "verifier":
-        fixed = [c or rng.random() < prof.verify_quality for c in correct]
-        text = "\n".join(answer_line(k.gold if f else (extract_answer(a) or _distractor(rng, k.gold)))
-                         for (_, a), k, f in zip(pairs, kids, fixed))
-      else:
-        ok = rng.random() < prof.summary_quality * float(np.mean(correct))
-        value = node.gold if ok else _distractor(rng, node.gold)
-        n_out = w.output_tokens("summarizer", node, model)
-        text = f"{_filler(rng, n_out - count_tokens(answer_line(value)))} {answer_line(value)}".strip()
-    else:
-      raise AssertionError(kind)
+    text = self._respond(reading, node, model, rng)
+    if text is None:
+      return base.failed(model, "unrecognised_prompt", input_tokens=in_tokens)
     out_tokens = count_tokens(text)
     cost = self.catalog.cost_usd(model, in_tokens, out_tokens)
     if events is not None:
@@ -459,14 +467,54 @@ class SimulatorPool(base.LLMPool):
     return base.Completion(model=model, text=text, input_tokens=in_tokens, output_tokens=out_tokens,
                            cost_usd=cost)
 
+  def _respond(self, reading: Reading, node: NodeInfo, model: str,
+               rng: np.random.Generator) -> str | None:
+    """The output text of `model` on the call read; None when a children block names an unknown
+    sub-question (or none)."""
+    w, prof, kind = self.world, self.world.profiles[model], reading.kind
+    if kind == "planner":
+      return "\n".join(c.text for c in w.children(node, model, reading.width, reading.exact))
+    if kind == "thinker":
+      text = _filler(rng, w.output_tokens("thinker", node, model))
+      w.thoughts[text] = prof.think_quality
+      return text
+    if kind == "executor":
+      if reading.draft is not None:
+        ok = extract_answer(reading.draft) == node.gold and rng.random() < prof.final_quality
+        n_out = w.output_tokens("executor", node, model, final=True)
+      else:
+        tau = w.thoughts.get(reading.notes, 0.0) if reading.notes is not None else 0.0
+        ok = rng.random() < w.exec_probability(node, model, tau)
+        n_out = w.output_tokens("executor", node, model)
+      return _answer_text(rng, node.gold if ok else _distractor(rng, node.gold), n_out)
+    if kind not in prompts.CHILDREN_KINDS:
+      raise AssertionError(kind)
+    pairs = reading.children
+    kids = [w.lookup(q) for q, _ in pairs]
+    if not pairs or any(k is None for k in kids):
+      return None
+    correct = [extract_answer(a) == k.gold for (_, a), k in zip(pairs, kids)]
+    if kind == "verifier":
+      fixed = [c or rng.random() < prof.verify_quality for c in correct]
+      return "\n".join(answer_line(k.gold if f else (extract_answer(a) or _distractor(rng, k.gold)))
+                       for (_, a), k, f in zip(pairs, kids, fixed))
+    ok = rng.random() < prof.summary_quality * float(np.mean(correct))
+    value = node.gold if ok else _distractor(rng, node.gold)
+    return _answer_text(rng, value, w.output_tokens("summarizer", node, model))
+
+
+def _answer_text(rng, value: str, n_out: int) -> str:
+  """Filler words, then the answer line: n_out tokens in all (at least the answer line's)."""
+  return f"{_filler(rng, n_out - count_tokens(answer_line(value)))} {answer_line(value)}".strip()
+
 
 def _children_pairs(lines: list[str]) -> list[tuple[str, str]]:
   pairs, q = [], None
   for l in lines:
-    if l.startswith("Sub-question: "):
-      q = l[len("Sub-question: "):]
-    elif l.startswith("Answer: ") and q is not None:
-      pairs.append((q, l[len("Answer: "):]))
+    if l.startswith(prompts.SUBQUESTION):
+      q = l[len(prompts.SUBQUESTION):]
+    elif l.startswith(prompts.ANSWER) and q is not None:
+      pairs.append((q, l[len(prompts.ANSWER):]))
       q = None
   return pairs
 

@@ -8,6 +8,12 @@ A role has a `kind` that fixes its transition in the routing MDP (gp_jax/workflo
   verifier   planning node whose children are completed, once, before the summary -> checks and
              corrects the children's answers
 Adding a role with one of these kinds is adding an entry to roles.json.
+
+The templates carry the markers of the prompt contract (gp_jax/workflow/prompts.py): the user
+template names the node on a `Question: {query}` line (summarizer, verifier: `Main question:
+{query}`), the planner's system template states its width as `into {width_rule} {max_width}
+simpler`, and the text of a system template before its first field tells its kind apart from the
+other kinds'. `load_roles` checks every template for them.
 """
 from __future__ import annotations
 
@@ -23,6 +29,11 @@ KINDS = ("planner", "executor", "summarizer", "thinker", "verifier")
 TEMPLATE_FIELDS = ("query", "task_description", "answer_format", "context", "children",
                    "max_width", "width_rule")
 DEFAULT_ROLES_FILE = paths.DATA_DIR / "roles.json"
+# Template markers of the prompt contract (gp_jax/workflow/prompts.py exports them with its own).
+QUESTION = "Question: "            # starts the line naming the node (user templates)
+MAIN_QUESTION = "Main question: "  # the same for the kinds shown the children's answers:
+CHILDREN_KINDS = ("summarizer", "verifier")
+PLANNER_WIDTH = "into {width_rule} {max_width} simpler"   # in the planner's system template
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,6 +88,7 @@ def load_roles(path: str | pathlib.Path = DEFAULT_ROLES_FILE) -> RoleSet:
                       default=bool(row.get("default", False))))
   if not roles:
     raise errors.DataError(f"{path}: no roles defined")
+  _check_markers(path, roles)
   return RoleSet(tuple(roles))
 
 
@@ -86,6 +98,35 @@ def _check_template(path, i, key, template: str) -> None:
     if field is not None and field not in TEMPLATE_FIELDS:
       raise errors.DataError(f"{path}: roles[{i}].{key} uses unknown field {{{field}}}; "
                              f"allowed: {', '.join(TEMPLATE_FIELDS)}")
+
+
+def system_prefix(role: Role) -> str:
+  """The text of the role's system template before its first field (tells its kind apart)."""
+  return role.system.split("{")[0]
+
+
+def _check_markers(path, roles: Sequence[Role]) -> None:
+  """The templates carry the markers the simulated pool reads (module docstring)."""
+  for i, r in enumerate(roles):
+    marker = MAIN_QUESTION if r.kind in CHILDREN_KINDS else QUESTION
+    # {context} renders as whole lines (or nothing), so it may open the node's line.
+    if not any(line.removeprefix("{context}") == marker + "{query}"
+               for line in r.user.split("\n")):
+      raise errors.DataError(f"{path}: roles[{i}].user ({r.kind}) needs a line "
+                             f"'{marker}{{query}}' (the prompt contract, "
+                             f"gp_jax/workflow/prompts.py)")
+    if r.kind == "planner" and PLANNER_WIDTH not in r.system:
+      raise errors.DataError(f"{path}: roles[{i}].system (planner) needs "
+                             f"'{PLANNER_WIDTH}' (the prompt contract, gp_jax/workflow/prompts.py)")
+    if not system_prefix(r):
+      raise errors.DataError(f"{path}: roles[{i}].system starts with a field; it must start "
+                             "with text that names its role")
+    for j, other in enumerate(roles[:i]):
+      a, b = system_prefix(r), system_prefix(other)
+      if other.kind != r.kind and (a.startswith(b) or b.startswith(a)):
+        raise errors.DataError(f"{path}: roles[{i}].system ({r.kind}) and roles[{j}].system "
+                               f"({other.kind}) start alike; the text before the first field "
+                               "must tell the kinds apart")
 
 
 def validate_role_selection(roles: RoleSet) -> None:

@@ -6,13 +6,15 @@ import subprocess
 import sys
 
 import pytest
-from absl import flags
 
+from experiments.configs import counselor as counselor_config
+from gp_jax import errors
 from gp_jax.counselor.agents import loop as agents
 from gp_jax.runs import counselor as experiment
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 RUNNER = ROOT / "experiments" / "counselor.py"
+ORACLE = f"--config={ROOT / 'experiments' / 'configs' / 'counselor.py'}:oracle"
 
 
 def cli(*args, timeout=120):
@@ -22,14 +24,15 @@ def cli(*args, timeout=120):
 
 def test_generate_then_run_with_the_oracle_backend(tmp_path):
   out_dir = tmp_path / "kg"
-  r = cli("--mode=generate", "--domain=biomedical", "--size=tiny", "--seed=5", "--per_template=1",
-          f"--out_dir={out_dir}")
+  r = cli("--mode=generate", "--config.generate.domain=biomedical", "--config.generate.size=tiny",
+          "--config.generate.seed=5", "--config.generate.per_template=1", f"--out_dir={out_dir}")
   assert r.returncode == 0, r.stderr
   assert (out_dir / "graph.json").exists() and (out_dir / "questions.jsonl").exists()
   preds = tmp_path / "preds.jsonl"
-  r = cli(f"--graph={out_dir / 'graph.json'}", f"--questions={out_dir / 'questions.jsonl'}",
-          "--pool=oracle", "--method=counselor", f"--out={preds}",
-          "--models=reflect=mixtral-8x22b-instruct-v0.1", "--model=qwen2.5-7b-instruct")
+  r = cli(ORACLE, f"--graph={out_dir / 'graph.json'}", f"--questions={out_dir / 'questions.jsonl'}",
+          "--config.method=counselor", f"--out={preds}",
+          "--config.models=reflect=mixtral-8x22b-instruct-v0.1",
+          "--config.model=qwen2.5-7b-instruct")
   assert r.returncode == 0, r.stderr
   table = r.stdout[r.stdout.index("level"):]
   for level in ("easy", "medium", "hard", "all"):
@@ -47,70 +50,59 @@ def test_generate_then_run_with_the_oracle_backend(tmp_path):
     assert row["judge_cost_usd"] > 0
 
 
-@pytest.mark.parametrize("args, message", [
-    (["--pool=oracle", "--method=nope"], "unknown method 'nope'"),
-    (["--pool=weird"], "unknown pool 'weird'"),
-    (["--pool=oracle", "--model=gpt-9"], "unknown LLM 'gpt-9'"),
-    (["--pool=oracle", "--models=plan"], "--models: expected name=value pairs"),
-    (["--pool=endpoints"], "--pool=endpoints needs --endpoints_file"),
-    (["--pool=endpoints", "--endpoints_file=/nonexistent/ep.json"], "endpoints file not found"),
-    (["--pool=oracle", "--text_keys=venue=name"], "unknown node type 'venue'"),
-    (["--pool=oracle", "--limit=-1"], "--limit must be >= 0"),
-])
-def test_bad_flags_exit_2_with_one_line(tmp_path, capsys, args, message):
-  folder = ROOT / "data" / "counselor" / "ecommerce-tiny"
-  rc = _main_in_process([f"--graph={folder / 'graph.json'}",
-                         f"--questions={folder / 'questions.jsonl'}", *args])
-  err = capsys.readouterr().err.strip()
-  assert rc == 2 and err.startswith("error: ") and message in err and "\n" not in err
-
-
-def test_bad_files_exit_2(tmp_path, capsys):
+def _bad_input_cases(tmp_path):
+  """(flags, words the one error line must hold)."""
+  tiny = ROOT / "data" / "counselor" / "ecommerce-tiny"
+  data = [f"--graph={tiny / 'graph.json'}", f"--questions={tiny / 'questions.jsonl'}"]
   bad_graph = tmp_path / "g.json"
   bad_graph.write_text('{"paper_nodes": {"p1": {"features": {}, "neighbors": {"author": ["a9"]}}}}')
   questions = tmp_path / "q.jsonl"
   questions.write_text('{"qid": 1, "question": "x", "answer": "y"}\n')
-  cases = [
-      ([f"--graph={bad_graph}", f"--questions={questions}", "--pool=endpoints",
-        "--endpoints_file=/nonexistent"], "endpoints file not found"),
-      ([f"--graph={bad_graph}", f"--questions={questions}", "--pool=oracle"],
-       "1 question(s) have none"),
-      ([f"--graph={tmp_path / 'none.json'}", f"--questions={questions}", "--pool=oracle"],
-       "question(s) have none"),
-      (["--mode=generate", "--domain=legal", f"--out_dir={tmp_path}"], "unknown domain 'legal'"),
-      (["--mode=generate"], "--mode=generate needs --out_dir"),
-      (["--mode=run"], "--mode=run needs --graph and --questions"),
-  ]
-  for args, message in cases:
-    rc = _main_in_process(args)
-    err = capsys.readouterr().err.strip()
-    assert rc == 2 and message in err and err.count("\n") == 0, (args, err)
   gen = tmp_path / "q2.jsonl"
   gen.write_text((ROOT / "data/counselor/academic-tiny/questions.jsonl").read_text())
-  rc = _main_in_process([f"--graph={bad_graph}", f"--questions={gen}", "--pool=oracle"])
-  err = capsys.readouterr().err.strip()
-  assert rc == 2 and "neighbour id(s) name no node" in err and "--drop_dangling" in err
+  return [
+      (data + [ORACLE, "--config.method=nope"], "unknown method 'nope'"),
+      (data + ["--config.pool=weird"], "unknown pool 'weird'"),
+      (data + [ORACLE, "--config.model=gpt-9"], "unknown LLM 'gpt-9'"),
+      (data + [ORACLE, "--config.models=plan"], "config.models: expected name=value pairs"),
+      (data, "config.pool=endpoints needs config.endpoints_file"),
+      (data + ["--config.endpoints_file=/nonexistent/ep.json"], "endpoints file not found"),
+      (data + [ORACLE, "--config.data.text_keys=venue=name"], "unknown node type 'venue'"),
+      (data + [ORACLE, "--config.limit=-1"], "config.limit must be >= 0"),
+      (data + [ORACLE, "--config.limit=abc"], "--config.limit=abc"),
+      (data + [ORACLE, "--config.methd=llm_only"], "no such config field"),
+      (data + [f"{ORACLE[:-len(':oracle')]}:tiny"], "unknown counselor config variant 'tiny'"),
+      ([f"--graph={bad_graph}", f"--questions={questions}",
+        "--config.endpoints_file=/nonexistent"], "endpoints file not found"),
+      ([ORACLE, f"--graph={bad_graph}", f"--questions={questions}"], "1 question(s) have none"),
+      ([ORACLE, f"--graph={tmp_path / 'none.json'}", f"--questions={questions}"],
+       "question(s) have none"),
+      ([ORACLE, f"--graph={bad_graph}", f"--questions={gen}"],
+       "neighbour id(s) name no node"),
+      ([ORACLE, f"--graph={bad_graph}", f"--questions={gen}"], "config.data.drop_dangling"),
+      (["--mode=generate", "--config.generate.domain=legal", f"--out_dir={tmp_path / 'o'}"],
+       "unknown domain 'legal'"),
+      (["--mode=generate"], "--mode=generate needs --out_dir"),
+      (["--mode=run"], "--mode=run needs --graph and --questions"),
+      ([f"--graph={tiny / 'graph.json'}", f"--questions={tmp_path / 'none.jsonl'}", ORACLE],
+       f"error: {tmp_path / 'none.jsonl'}: question file not found"),
+  ]
 
 
-def test_cli_exit_code_for_bad_input(tmp_path):
-  r = cli("--graph=/nonexistent.json", f"--questions={tmp_path / 'none.jsonl'}", "--pool=oracle")
-  assert r.returncode == 2
-  assert r.stderr.strip().splitlines() == [f"error: {tmp_path / 'none.jsonl'}: question file not found"]
-  assert r.stdout == ""
-
-
-def _main_in_process(argv):
-  sys.path.insert(0, str(ROOT))
-  try:
-    from experiments import counselor as runner
-  finally:
-    sys.path.pop(0)
-  flags.FLAGS.unparse_flags()
-  flags.FLAGS([str(RUNNER), *argv])
-  try:
-    return runner.main([str(RUNNER)])
-  finally:
-    flags.FLAGS.unparse_flags()
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(tmp_path):
+  cases = _bad_input_cases(tmp_path)
+  before = sorted(tmp_path.rglob("*"))
+  procs = [(args, words, subprocess.Popen([sys.executable, str(RUNNER), *args], cwd=ROOT,
+                                          stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                          text=True))
+           for args, words in cases]
+  for args, words, proc in procs:
+    out, err = proc.communicate(timeout=180)
+    lines = [l for l in err.splitlines() if l.strip()]
+    assert proc.returncode == 2, (args, err[-2000:])
+    assert len(lines) == 1 and lines[0].startswith("error: ") and words in lines[0], (args, err)
+    assert out == "", (args, out)
+  assert sorted(tmp_path.rglob("*")) == before
 
 
 def test_endpoints_pool_against_a_local_server_with_faults(tmp_path):
@@ -123,11 +115,13 @@ def test_endpoints_pool_against_a_local_server_with_faults(tmp_path):
     ep.write_text(json.dumps({"qwen2.5-7b-instruct": [{"base_url": server.url, "model": "echo"}]}))
     preds = tmp_path / "p.jsonl"
     logs = []
-    summary = experiment.run_experiment(
-        graph_path=str(folder / "graph.json"), questions_path=str(folder / "questions.jsonl"),
-        method="counselor", pool="endpoints", endpoints_file=str(ep),
-        model="qwen2.5-7b-instruct", limit=4, concurrency=2, out_path=str(preds),
-        settings={"max_steps": 2, "max_reflect": 1}, log=logs.append)
+    config = counselor_config.get_config()
+    config.endpoints_file, config.model = str(ep), "qwen2.5-7b-instruct"
+    config.limit, config.concurrency = 4, 2
+    config.agents.max_steps, config.agents.max_reflect = 2, 1
+    summary = experiment.run_from_config(
+        config, graph_path=str(folder / "graph.json"),
+        questions_path=str(folder / "questions.jsonl"), out_path=str(preds), log=logs.append)
     requests = server.requests
   rows = [json.loads(l) for l in preds.read_text().splitlines()]
   assert len(rows) == 4 and summary["all"]["n"] == 4
@@ -150,7 +144,6 @@ def test_endpoints_pool_against_a_local_server_with_faults(tmp_path):
 def test_endpoints_pool_rejects_unserved_models(tmp_path):
   from gp_jax.llm import testing_server
   folder = ROOT / "data" / "counselor" / "academic-tiny"
-  from gp_jax import errors
   with testing_server.FakeOpenAIServer(models=("x",)) as server:
     ep = tmp_path / "endpoints.json"
     ep.write_text(json.dumps({"qwen2.5-7b-instruct": [{"base_url": server.url, "model": "x"}]}))

@@ -1,6 +1,6 @@
 """Baselines on the same graphs and LLM pool: LLM-only, Text RAG, GraphRAG (1-hop, 2-hop).
 
-(Graph-CoT, the Thought/Action loop without plan and reflection, is agents.run_graph_cot.)
+(Graph-CoT, the Thought/Action loop without plan and reflection, is loop.run_graph_cot.)
 
 - LLM-only: the question alone, one call.
 - Text RAG: Retrieve on the whole question (top-1 node); that node's features as context.

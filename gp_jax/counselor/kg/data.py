@@ -2,8 +2,8 @@
 
 Real GRBench files carry only qid, question and answer; the difficulty level ('easy', 'medium',
 'hard') is read from a 'level' or 'difficulty' field when present, else 'unknown'. Generated files
-(gp_jax/counselor/synth/generator.py) add the template name and the gold plan that the oracle backend
-follows.
+(gp_jax/counselor/synth/generator.py) add the template name and the gold plan that the oracle
+backend follows.
 """
 from __future__ import annotations
 
@@ -29,7 +29,8 @@ class GraphQuestion:
     answer: the gold answer (lists as 'a, b, c').
     level: 'easy' | 'medium' | 'hard' | 'unknown'.
     template: the generator template that wrote it ('' for real data).
-    plan: the gold tool-call plan of generated questions (gp_jax/counselor/synth/plans.py), else None.
+    plan: the gold tool-call plan of generated questions (gp_jax/counselor/synth/plans.py), else
+      None.
   """
   qid: str
   question: str

@@ -114,7 +114,8 @@ class KnowledgeGraph:
       shown = "; ".join(f"{src}.neighbors[{t!r}] -> {dst!r}" for src, t, dst in bad)
       raise errors.DataError(
           f"{self.name}: {n_bad} neighbour id(s) name no node of the graph, e.g. {shown} "
-          "(to remove them: on_dangling='drop', or the runner's --drop_dangling)")
+          "(to remove them: on_dangling='drop', or --config.data.drop_dangling=true of "
+          "experiments/counselor.py)")
 
   def _resolve_text_keys(self, configured: Mapping[str, str]) -> dict[str, str | None]:
     unknown = set(configured) - set(self.node_types)

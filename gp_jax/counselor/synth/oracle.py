@@ -14,7 +14,7 @@ the system prompt and the question and scratchpad from the user message, and:
 
 With correct graph functions, parser and observation rendering, every generated question is
 answered exactly; any disagreement points at a bug. Token counts are the approximate counts of
-prompts.count_tokens; $ cost comes from the catalog prices.
+agents/prompts.count_tokens; $ cost comes from the catalog prices.
 """
 from __future__ import annotations
 

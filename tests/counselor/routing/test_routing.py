@@ -1,9 +1,5 @@
-"""The simulated counselor backend, the counselor router, and experiments/counselor_routed.py."""
+"""The simulated counselor backend and the counselor router (runner: ../test_routed_runner.py)."""
 import dataclasses
-import json
-import pathlib
-import subprocess
-import sys
 
 import numpy as np
 import pytest
@@ -13,11 +9,9 @@ from gp_jax.counselor.agents import records
 from gp_jax.counselor.kg import parser as parser_lib
 from gp_jax.counselor.synth import oracle
 from gp_jax.counselor.synth import sim_pool
-from gp_jax.runs import counselor_routed as rx
 from gp_jax.sim import simulator
 from tests.counselor.conftest import run
 
-ROOT = pathlib.Path(__file__).resolve().parents[3]
 SMALL, BIG = "qwen2.5-7b-instruct", "llama-3.3-nemotron-super-49b-v1"
 
 
@@ -170,40 +164,3 @@ def test_training_moves_the_policy_to_the_dominant_llm(academic, catalog, tiny_r
   assert len(history) == 16 and history[-1]["episodes"] == 256
   assert p1 > 0.8 and p1 > p0 + 0.25, (p0, p1)
   assert history[-1]["utility"] > history[0]["utility"]
-
-
-def test_runner_end_to_end_and_resume(tmp_path):
-  cfg = rx.ExperimentConfig(size="tiny", per_template=2, n_train=8, n_test=4, llms=(SMALL, BIG),
-                            episodes=16, batch_questions=8, max_steps=4, max_reflect=1)
-  logs = []
-  summary = rx.run(cfg, [0], str(tmp_path), log=logs.append)
-  assert (tmp_path / "seeds" / "seed_0.json").exists()
-  saved = json.loads((tmp_path / "results.json").read_text())
-  assert saved["seeds"] == [0] and set(saved["methods"]) == {"routed", SMALL, BIG}
-  for row in saved["methods"].values():
-    assert 0 <= row["em"]["mean"] <= 1 and row["cost_usd_per_q"]["mean"] > 0
-  table = (tmp_path / "results.md").read_text()
-  assert "| **routed** |" in table and f"| {BIG} |" in table
-  assert summary["methods"]["routed"]["em"]["std"] == 0.0
-  logs.clear()
-  rx.run(cfg, [0], str(tmp_path), log=logs.append)   # finished seed: skipped
-  assert any("done already" in line for line in logs)
-  with pytest.raises(Exception, match="other settings"):
-    rx.run(rx.ExperimentConfig(**{**cfg.__dict__, "alpha": 0.5}), [0], str(tmp_path),
-           log=logs.append)
-
-
-@pytest.mark.parametrize("args, message", [
-    (["--llms=qwen2.5-7b-instruct,gpt-9"], "unknown LLM 'gpt-9'"),
-    (["--alpha=-0.1"], "--alpha must be a finite number >= 0"),
-    (["--seeds=a,b"], "--seeds must be comma-separated integers"),
-    (["--domain=legal"], "unknown domain 'legal'"),
-    (["--skill_domain=poetry"], "unknown simulator domain 'poetry'"),
-])
-def test_bad_flags_exit_2(tmp_path, args, message):
-  r = subprocess.run([sys.executable, "-m", "experiments.counselor_routed",
-                      f"--workdir={tmp_path}", *args], capture_output=True, text=True, cwd=ROOT,
-                     timeout=120)
-  err = r.stderr.strip()
-  assert r.returncode == 2 and err.startswith("error: ") and message in err, err
-  assert "\n" not in err
