@@ -60,7 +60,7 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.sweep.graph_hidden = 32        # GNN width of the graph router
   c.sweep.graph_steps = 300        # full-batch Adam steps of the graph router
   c.sweep.routerdc_steps = 300     # full-batch Adam steps of RouterDC
-  # Multi-round routers (gp_jax/baselines/multi_round.py), rows "multi:<name>": knn (KNN-multiround
+  # Multi-round routers (gp_jax/baselines/multi_round/), rows "multi:<name>": knn (KNN-multiround
   # decompose-route-merge, k = knn_k), llm (LLM-multiround; on the simulator an untrained heuristic
   # stand-in for the prompted router), router_r1 (Router-R1-style MLP policy trained with PPO per
   # cell; clip, epochs, minibatches, gamma, lambda, grad clip from config.ppo).

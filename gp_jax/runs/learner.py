@@ -63,7 +63,7 @@ def max_calls(system) -> int:
 def make_update(config, system, model, optimizer, episodes: int, mesh=None):
   """(jitted PPO update, padded batch size) for updates over `episodes` episodes of `system`.
 
-  mesh: the learner's device mesh (gp_jax.rl.train.make_mesh); None = one device."""
+  mesh: the learner's device mesh (gp_jax.runs.train.make_mesh); None = one device."""
   settings = ppo_settings(config)
   batch_size = batch_lib.batch_size_for(episodes, max_calls(system), settings.num_minibatches,
                                         mesh.size if mesh is not None else 1)

@@ -7,7 +7,7 @@ Layout of a sweep workdir:
   alpha<A>_seed<S>/graphplanner/  GraphPlanner checkpoints and metrics of that cell
   alpha<A>_seed<S>/cell.json  evaluation rows of every method on the cell's test queries
 A cell whose cell.json exists is finished and skipped on a rerun; an interrupted GraphPlanner run
-resumes from its latest checkpoint. The multi-round routers (gp_jax/baselines/multi_round.py) are
+resumes from its latest checkpoint. The multi-round routers (gp_jax/baselines/multi_round/) are
 fitted once per seed (Router-R1 is trained per cell, at the cell's alpha) and evaluated in every
 cell next to the single-round ones.
 """

@@ -19,7 +19,7 @@ from gp_jax.runs import sweep as sweep_lib
 OPTIMUM = "optimum (DP)"
 CEILING_PREFIX = "optimum"    # the DP optima (full, and within Router-R1's mask): not baselines
 FIXED_LLM_PREFIX = "single:"
-MULTI_PREFIX = "multi:"       # multi-round routers (gp_jax/baselines/multi_round.py)
+MULTI_PREFIX = "multi:"       # multi-round routers (gp_jax/baselines/multi_round/)
 
 
 def load_cells(workdir: str | pathlib.Path) -> list[dict]:
