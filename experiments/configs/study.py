@@ -40,6 +40,18 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.study.drift_window = 4 if arg == "test" else 25    # queries per window of the reward curve
   c.study.drift_recovery_after = 8 if arg == "test" else 100   # recovery measured this many
                                    # queries after the event, over one window
+  # The drift study's baselines, fitted once per seed on the pre-event pool: single-round routers
+  # (arms "router:<name>"), and Router-R1-style (trained with PPO for as many episodes as the
+  # GraphPlanner router; clip, epochs, minibatches, gamma, lambda, grad clip from config.ppo) and
+  # KNN-multiround (k = knn_k), arms "multi:router_r1" and "multi:knn".
+  c.study.drift_routers = ("best_single,knn,mlp" if arg == "test" else
+                           "best_single,knn,mlp,routerdc,graph")
+  c.study.drift_router_llm = ""    # Router-R1's router LLM; "" = the pool's cheapest
+  c.study.drift_r1_hidden = 64     # Router-R1 MLP width
+  c.study.drift_r1_episodes = c.train.episodes   # Router-R1 PPO episodes (as GraphPlanner's)
+  c.study.drift_r1_batch = c.train.episodes_per_iter   # episodes per Router-R1 PPO update
+  c.study.drift_r1_learning_rate = 1e-3
+  c.study.drift_r1_entropy_coef = 0.01
   c.study.knn_k = 10               # single-round router settings (as in the sweep)
   c.study.mlp_hidden = 64
   c.study.router_steps = 500 if arg == "" else 100

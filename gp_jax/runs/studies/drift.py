@@ -11,9 +11,16 @@ reward of every test query (E[U | calls] - alpha * cost, in stream order) for:
               query), reading its own training history: the reference a router that knew the
               change could reach;
   optimum     the exact DP optimum of the pool at each query (the ceiling before and after);
+  multi:router_r1  the Router-R1-style router (gp_jax/baselines/multi_round/router_r1.py) and
+  multi:knn        KNN-multiround (knn.py), fitted once per seed on the training queries of the
+                   pre-event pool, as the frozen router was (settings config.study.drift_r1_*
+                   and knn_k, read by gp_jax/runs/sweep.py:multi_kwargs_from_config);
+  router:<name>    every single-round router of config.study.drift_routers, fitted on the
+                   pre-event pool's routing labels of the training queries;
   single:<m>  every single-LLM policy of the evaluated pool.
-Strong multi-round and single-round baselines (Router-R1-style, KNN-multiround, the best
-single-round router) are not among the arms yet.
+The baselines fitted on the pre-event pool act in the evaluated one by (role, LLM) name: under the
+join event they cannot pick the new LLM (their networks and labels know only the old pool).
+Every arm is scored the same way: the expected reward of each evaluated query on the simulator.
 
 Metrics (pure functions below, tested on small arrays):
   window_curve  mean reward in consecutive windows of `window` queries aligned at t (no window
@@ -22,8 +29,12 @@ Metrics (pure functions below, tested on small arrays):
   recovery      the router's mean reward over the `window` queries starting `after` queries past
                 t, as a fraction of the retrained router's mean reward over all queries from t on
                 (undefined, NaN, when that reference mean is <= 0).
+The summary also reports two after-the-fact choices, labelled so: the best single LLM and the best
+single-round router, each the one with the highest post-event mean over seeds.
 Cells are written atomically to <workdir>/<event>_seed<S>/cell.json; finished cells are skipped on
-rerun and training runs resume (as in gp_jax/runs/studies/runner.py).
+rerun and training runs resume (as in gp_jax/runs/studies/runner.py). A workdir holding a cell
+without one of the current arms (written before the baseline arms existed) is refused with one
+error before anything is written: its rewards would be mixed with cells of another arm set.
 """
 from __future__ import annotations
 
@@ -33,11 +44,16 @@ import pathlib
 import sys
 import time
 
+import ml_collections
 import numpy as np
 from scipy import stats as scipy_stats
 
 from gp_jax import errors
+from gp_jax.baselines import labels as labels_lib
+from gp_jax.baselines import multi_round
+from gp_jax.baselines import single_round
 from gp_jax.runs import evaluate as evaluation
+from gp_jax.runs import sweep as sweep_lib
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
@@ -47,7 +63,12 @@ from gp_jax.workflow import policies
 
 STUDY = "drift"
 EVENTS = ("quality_drop", "price_rise", "fail", "join")
-ARMS = ("online", "frozen", "no_history", "retrained", "optimum")
+MULTI = ("router_r1", "knn")            # multi-round baselines (gp_jax.baselines.multi_round)
+ARMS = ("online", "frozen", "no_history", "retrained") + tuple(
+    multi_round.ROW_PREFIX + m for m in MULTI) + ("optimum",)
+BEST_SINGLE = "best single LLM (after the fact)"
+BEST_ROUTER = "best single-round router (after the fact)"
+ROUTER_PREFIX = "router:"
 TITLE = "Drift: the pool changes during evaluation (online memory vs frozen vs retrained)"
 
 
@@ -125,19 +146,27 @@ class Settings:
   window: int
   recovery_after: int
   events: tuple[str, ...]
+  routers: tuple[str, ...]        # single-round routers (arms "router:<name>")
+
+
+def _names(value) -> tuple[str, ...]:
+  return tuple(e.strip() for e in str(value).split(",") if e.strip())
 
 
 def settings(config) -> Settings:
   s = config.study
-  events = tuple(e.strip() for e in str(s.drift_events).split(",") if e.strip())
+  events = _names(s.drift_events)
   for e in events:
     if e not in EVENTS:
       raise errors.unknown_name("drift event", e, EVENTS)
   if not events:
     raise errors.ConfigError("config.study.drift_events is empty")
+  routers = _names(s.drift_routers)
+  for r in routers:
+    single_round.make_router(r)
   out = Settings(str(s.drift_llm), str(s.drift_join_llm), int(s.drift_t), float(s.drift_delta),
                  float(s.drift_price_scale), int(s.drift_window), int(s.drift_recovery_after),
-                 events)
+                 events, routers)
   n = int(config.data.n_test)
   if not 0 < out.t < n:
     raise errors.ConfigError(f"config.study.drift_t={out.t} must lie inside the test stream "
@@ -151,7 +180,33 @@ def settings(config) -> Settings:
   if "join" in events and out.join_llm in train_llms:
     raise errors.ConfigError(f"config.study.drift_join_llm={out.join_llm!r} is in the training "
                              "pool (config.llms): the join event needs an LLM new to the router")
+  if str(s.drift_router_llm) and str(s.drift_router_llm) not in train_llms:
+    raise errors.unknown_name("router LLM", str(s.drift_router_llm), train_llms)
+  for m in MULTI:                  # bad Router-R1 settings fail before any work
+    multi_round.make_multi_router(m, **multi_kwargs(config))
   return out
+
+
+def multi_kwargs(config) -> dict:
+  """The multi-round routers' settings as the sweep reads them (sweep.multi_kwargs_from_config,
+  learner.router_r1_settings), from config.study's knn_k and drift_r1_* / drift_router_llm."""
+  s = config.study
+  view = ml_collections.ConfigDict(dict(
+      train=config.train.to_dict(), ppo=config.ppo.to_dict(),
+      sweep=dict(knn_k=int(s.knn_k), router_llm=str(s.drift_router_llm),
+                 r1_hidden=int(s.drift_r1_hidden), r1_episodes=int(s.drift_r1_episodes),
+                 r1_batch=int(s.drift_r1_batch), r1_learning_rate=float(s.drift_r1_learning_rate),
+                 r1_entropy_coef=float(s.drift_r1_entropy_coef))))
+  return sweep_lib.multi_kwargs_from_config(view)
+
+
+def arms(s: Settings) -> tuple[str, ...]:
+  """The arms every cell of a run with settings `s` holds (besides the single LLMs)."""
+  return ARMS + tuple(ROUTER_PREFIX + r for r in s.routers)
+
+
+def missing_arms(cell: dict, wanted) -> list[str]:
+  return [a for a in wanted if a not in cell.get("rewards", {})]
 
 
 def _catalog(config):
@@ -183,6 +238,18 @@ def per_query_rewards(system, env, states) -> list[float]:
           for q, st in zip(system.test_queries, states)]
 
 
+def carried_policy(policy, src, dst):
+  """A policy of action space `src` acting in `dst` (same roles; dst may hold more LLMs, e.g. the
+  join event's): it sees dst's mask restricted to src's (role, LLM) pairs, and its action is
+  renamed to dst's index of the same pair. The identity when the spaces are equal."""
+  to_dst = np.array([dst.encode(src.decode(a)[0].name, src.decode(a)[1])
+                     for a in range(src.size)], np.int64)
+
+  def act(query, state, mask, rng):
+    return int(to_dst[policy(query, state, np.asarray(mask)[to_dst], rng)])
+  return act
+
+
 class DriftRunner:
   """Runs the drift study's (event, seed) cells into a workdir (resumable)."""
 
@@ -190,6 +257,7 @@ class DriftRunner:
     self.config, self.workdir, self.verbose = config, pathlib.Path(workdir), verbose
     self.s = settings(config)
     self._runs: dict[tuple, tuple] = {}
+    self._fitted: dict[int, tuple] = {}
     for kind in self.s.events:    # fail fast on bad overrides
       for o in event_overrides(kind, self.s, config):
         runner_lib.apply_overrides(config, o)
@@ -198,7 +266,20 @@ class DriftRunner:
     if self.verbose:
       print(msg, file=sys.stderr, flush=True)
 
+  def check_cells(self) -> None:
+    """DataError for a finished cell of this workdir without one of the current arms (written
+    before the baseline arms existed): its rewards must not be mixed with new cells."""
+    wanted = arms(self.s)
+    for path in sorted(self.workdir.glob(f"*/{runner_lib.CELL_FILE}")):
+      cell = errors.read_json(path, "drift cell")
+      missing = missing_arms(cell, wanted) if isinstance(cell, dict) else list(wanted)
+      if missing:
+        raise errors.DataError(
+            f"{path} has no {', '.join(missing)} arm (written by an older drift study or other "
+            "settings); its rewards cannot be mixed with new cells: use a new --workdir")
+
   def run(self, seeds: list[int]) -> dict:
+    self.check_cells()
     workdir_config.check_or_record(self.workdir, self.config, ignore=("study.seeds",),
                                    what="drift study")
     t0, ran, skipped = time.time(), [], []
@@ -212,7 +293,7 @@ class DriftRunner:
         rec = dict(self.run_cell(kind, seed), index=index)
         runner_lib._atomic_write(out / runner_lib.CELL_FILE, rec)
         ran.append((kind, seed))
-        post = {a: float(np.mean(rec["rewards"][a][self.s.t:])) for a in ARMS}
+        post = {a: float(np.mean(rec["rewards"][a][self.s.t:])) for a in arms(self.s)}
         self._log(f"[drift] {kind} seed={seed}: post-event reward " +
                   ", ".join(f"{a} {v:.3f}" for a, v in post.items()) + f" ({rec['seconds']:.0f}s)")
     return dict(ran=ran, skipped=skipped, seconds=time.time() - t0)
@@ -233,42 +314,92 @@ class DriftRunner:
     model, params, history = training.load_router(cfg, tdir, sysm)
     return cfg, sysm, model, params, runner_lib._history_for(cfg, history), tdir
 
+  def _baselines(self, seed: int, tsys) -> tuple[dict, dict, float]:
+    """(multi-round routers, single-round routers, seconds) fitted once per seed on the
+    pre-event pool's training queries (Router-R1 trains at the study's alpha on first use)."""
+    if seed not in self._fitted:
+      t0 = time.time()
+      multi = multi_round.fit_multi_routers(list(MULTI), tsys, tsys.train_queries, seed=seed,
+                                            **multi_kwargs(self.config))
+      for r in multi.values():
+        r.policy(float(self.config.alpha))
+      data = labels_lib.collect(tsys, tsys.train_queries, seed=seed)
+      s = self.config.study
+      single = single_round.fit_routers(
+          list(self.s.routers), data, tsys.catalog, knn_k=int(s.knn_k),
+          mlp_hidden=int(s.mlp_hidden), steps=int(s.router_steps), seed=seed)
+      self._fitted[seed] = (multi, single, time.time() - t0)
+    return self._fitted[seed]
+
   def run_cell(self, kind: str, seed: int) -> dict:
     t0 = time.time()
     ev, re = event_overrides(kind, self.s, self.config)
     tcfg, tsys, model, params, hist, tdir = self._trained({}, seed)
-    ecfg = runner_lib.apply_overrides(tcfg, ev)
-    esys = system_lib.build(ecfg)
-    if hist is not None and not runner_lib.same_space(esys.space, tsys.space):
-      hist = runner_lib.remap_history(hist, tsys.space, esys.space)
-    alpha, parallel = float(tcfg.alpha), int(ecfg.train.parallel)
+    esys = system_lib.build(runner_lib.apply_overrides(tcfg, ev))
+    alpha = float(tcfg.alpha)
     env = esys.env(alpha)
-    queries = esys.test_queries
-
-    def router(p, h, online=False):
-      return per_query_rewards(esys, env, evaluation.run_router(
-          esys, env, model, p, h, queries, parallel=parallel, seed=seed, online=online))
-
-    rewards = {"frozen": router(params, hist), "no_history": router(params, None)}
-    rewards["online"] = router(params, hist, online=True) if hist is not None else rewards["frozen"]
+    rewards = self._garnet_arms(esys, env, tsys, model, params, hist, seed)
     rcfg, rsys, _, rparams, rhist, rdir = self._trained(re, seed)
-    if rhist is not None and not runner_lib.same_space(esys.space, rsys.space):
-      rhist = runner_lib.remap_history(rhist, rsys.space, esys.space)
-    rewards["retrained"] = router(rparams, rhist)
-    solver = optimal.OptimalSolver(esys.world, esys.space, esys.mdp_cfg, alpha, esys.describe)
-    rewards["optimum"] = per_query_rewards(esys, env, policies.run_policy(
-        env, policies.oracle_policy(optimal.OraclePolicy(solver)), queries, seed=seed))
-    for m in esys.space.llms:
-      rewards[f"single:{m}"] = per_query_rewards(esys, env, policies.run_policy(
-          env, policies.single_llm_policy(esys.space, m), queries, seed=seed))
+    rewards["retrained"] = self._garnet_arms(esys, env, rsys, model, rparams, rhist, seed,
+                                             only_frozen=True)["frozen"]
+    multi, single, fit_seconds = self._baselines(seed, tsys)
+    rewards.update(self._baseline_arms(esys, env, tsys, multi, single, seed))
+    rewards.update(self._reference_arms(esys, env, seed))
     return dict(study=STUDY, variant=kind, seed=seed, alpha=alpha, t=self.s.t,
                 window=self.s.window, recovery_after=self.s.recovery_after, eval_overrides=ev,
-                retrain_overrides=re, llms=list(esys.space.llms), n_test=len(queries),
+                retrain_overrides=re, llms=list(esys.space.llms), n_test=len(esys.test_queries),
                 online_history=hist is not None, rewards=rewards,
                 train=dict(episodes=int(tcfg.train.episodes),
                            seconds=runner_lib._train_seconds(tdir),
-                           retrained_seconds=runner_lib._train_seconds(rdir)),
+                           retrained_seconds=runner_lib._train_seconds(rdir),
+                           baselines_fit_seconds=fit_seconds),
                 seconds=time.time() - t0)
+
+  def _garnet_arms(self, esys, env, tsys, model, params, hist, seed: int, *,
+                   only_frozen: bool = False) -> dict:
+    """online, frozen and no_history rewards of a trained GARNet on the evaluated stream (its
+    history's hub ids renamed for the evaluated pool)."""
+    if hist is not None and not runner_lib.same_space(esys.space, tsys.space):
+      hist = runner_lib.remap_history(hist, tsys.space, esys.space)
+    parallel = int(self.config.train.parallel)
+
+    def router(h, online=False):
+      return per_query_rewards(esys, env, evaluation.run_router(
+          esys, env, model, params, h, esys.test_queries, parallel=parallel, seed=seed,
+          online=online))
+
+    out = {"frozen": router(hist)}
+    if not only_frozen:
+      out["no_history"] = router(None)
+      out["online"] = router(hist, online=True) if hist is not None else out["frozen"]
+    return out
+
+  def _baseline_arms(self, esys, env, tsys, multi: dict, single: dict, seed: int) -> dict:
+    """multi:<name> and router:<name> rewards of the routers fitted on the pre-event pool, acting
+    in the evaluated pool by (role, LLM) name."""
+    alpha, queries, out = env.alpha, esys.test_queries, {}
+    for name, r in multi.items():
+      act = carried_policy(r.policy(alpha), tsys.space, esys.space)
+      out[multi_round.ROW_PREFIX + name] = per_query_rewards(
+          esys, env, policies.run_policy(env, act, queries, seed=seed))
+    x, tasks = labels_lib.embed(esys, queries), [q.task_name for q in queries]
+    for i, (name, r) in enumerate(single.items()):
+      choice = r.choose(x, alpha, np.random.default_rng([seed, i]), tasks=tasks)
+      llm_of = {q.qid: tsys.space.llms[int(c)] for q, c in zip(queries, choice)}
+      out[ROUTER_PREFIX + name] = per_query_rewards(esys, env, policies.run_policy(
+          env, single_round.routed_policy(esys.space, llm_of), queries, seed=seed))
+    return out
+
+  def _reference_arms(self, esys, env, seed: int) -> dict:
+    """The DP optimum of the pool at each query, and every single LLM of the evaluated pool."""
+    queries = esys.test_queries
+    solver = optimal.OptimalSolver(esys.world, esys.space, esys.mdp_cfg, env.alpha, esys.describe)
+    out = {"optimum": per_query_rewards(esys, env, policies.run_policy(
+        env, policies.oracle_policy(optimal.OraclePolicy(solver)), queries, seed=seed))}
+    for m in esys.space.llms:
+      out[f"single:{m}"] = per_query_rewards(esys, env, policies.run_policy(
+          env, policies.single_llm_policy(esys.space, m), queries, seed=seed))
+    return out
 
 
 # ---- report ---------------------------------------------------------------------------------------
@@ -276,10 +407,19 @@ def is_drift_cell(cell: dict) -> bool:
   return cell.get("study") == STUDY
 
 
+def _best_after(cs: list[dict], prefix: str, t: int) -> str | None:
+  """The arm named `prefix`... with the highest post-event mean over the cells (after the fact)."""
+  names = sorted(k for k in cs[0]["rewards"] if k.startswith(prefix))
+  return max(names, key=lambda k: np.mean([np.mean(c["rewards"][k][t:]) for c in cs]),
+             default=None)
+
+
 def summarize(cells: list[dict]) -> dict:
   """Per event: per arm the window curve and the pre/post-event means (95% intervals over
-  seeds), the best single LLM after the event (chosen on the post-event mean, labelled so), and
-  the recovery of the online, frozen and no-history routers."""
+  seeds), and the recovery of every arm but the retrained router and the optimum. The arms are
+  ARMS and, chosen after the fact on the post-event mean (labelled so), the best single LLM and
+  the best single-round router; `best` names the arm behind each such label."""
+  check_arms(cells, "drift summary")
   by_event: dict[str, list[dict]] = {}
   for c in sorted(cells, key=lambda c: (c.get("index", 0), c["seed"])):
     by_event.setdefault(c["variant"], []).append(c)
@@ -287,20 +427,20 @@ def summarize(cells: list[dict]) -> dict:
   for kind, cs in by_event.items():
     t, w, after = cs[0]["t"], cs[0]["window"], cs[0]["recovery_after"]
     if any((c["t"], c["window"], c["recovery_after"], c["n_test"]) != (t, w, after, cs[0]["n_test"])
-           for c in cs):
-      raise errors.DataError(f"drift cells of {kind} differ in t, window or stream length")
-    singles = sorted(k for k in cs[0]["rewards"] if k.startswith("single:"))
-    best = max(singles, key=lambda k: np.mean([np.mean(c["rewards"][k][t:]) for c in cs]))
-    arms = list(ARMS) + [best]
+           or sorted(c["rewards"]) != sorted(cs[0]["rewards"]) for c in cs):
+      raise errors.DataError(f"drift cells of {kind} differ in t, window, stream length or arms")
+    best = {label: arm for label, arm in ((BEST_SINGLE, _best_after(cs, "single:", t)),
+                                          (BEST_ROUTER, _best_after(cs, ROUTER_PREFIX, t)))
+            if arm is not None}
     ev = {}
-    for a in arms:
-      r = [c["rewards"][a] for c in cs]
-      ev[a] = dict(curve=window_curve(r, t, w), pre=ci95([np.mean(x[:t]) for x in r]),
-                   post=ci95([np.mean(x[t:]) for x in r]))
-      if a in ("online", "frozen", "no_history"):
-        ev[a]["recovery"] = ci95([recovery(c["rewards"][a], c["rewards"]["retrained"], t, after, w)
-                                  for c in cs])
-    out[kind] = dict(arms=ev, best_single=best, t=t, window=w, after=after,
+    for label in list(ARMS) + list(best):
+      r = [c["rewards"][best.get(label, label)] for c in cs]
+      ev[label] = dict(curve=window_curve(r, t, w), pre=ci95([np.mean(x[:t]) for x in r]),
+                       post=ci95([np.mean(x[t:]) for x in r]))
+      if label not in ("retrained", "optimum"):
+        ev[label]["recovery"] = ci95([recovery(x, c["rewards"]["retrained"], t, after, w)
+                                      for x, c in zip(r, cs)])
+    out[kind] = dict(arms=ev, best=best, t=t, window=w, after=after,
                      seeds=sorted(c["seed"] for c in cs), n_test=cs[0]["n_test"],
                      alpha=cs[0]["alpha"], overrides=cs[0]["eval_overrides"])
   return out
@@ -323,7 +463,8 @@ def plot(summary: dict, path: pathlib.Path) -> None:
       x = np.asarray(d["curve"]["offsets"]) + ev["window"] / 2
       m, h = np.asarray(d["curve"]["mean"]), np.asarray(d["curve"]["half"])
       style = dict(ls=":", color="k") if a == "optimum" else {}
-      ax.plot(x, m, marker=".", label=a, **style)
+      label = f"{a} [{ev['best'][a]}]" if a in ev.get("best", {}) else a
+      ax.plot(x, m, marker=".", label=label, **style)
       if not np.isnan(h).all():
         ax.fill_between(x, m - h, m + h, alpha=0.15, **({"color": "k"} if a == "optimum" else {}))
     ax.axvline(0, color="grey", lw=0.8)
@@ -344,8 +485,11 @@ def markdown(cells: list[dict], figure: str | None) -> str:
          f"{first['t']}; windows of {first['window']} queries; seeds {first['seeds']}. Mean and "
          "95% t-interval over seeds of the mean expected reward per query. Recovery: the mean "
          f"reward of queries [t + {first['after']}, t + {first['after'] + first['window']}) over "
-         "the retrained router's mean reward after the event. The best single LLM is chosen on "
-         "its post-event reward (after the fact)."]
+         "the retrained router's mean reward after the event. GraphPlanner's arms: online, frozen "
+         "and no-history memory; retrained on the changed pool (the reference). multi:router_r1 "
+         "(Router-R1-style) and multi:knn (KNN-multiround) are fitted on the pre-event pool, as "
+         "are the single-round routers; the best single LLM and the best single-round router are "
+         "chosen on their post-event reward (after the fact), the arm chosen in brackets."]
   if figure:
     out += ["", f"![drift]({figure})"]
   for kind, ev in summary.items():
@@ -353,15 +497,30 @@ def markdown(cells: list[dict], figure: str | None) -> str:
             "| arm | before the event | after the event | recovery |", "|---|---|---|---|"]
     for a, d in ev["arms"].items():
       rec = _ci(d["recovery"]) if "recovery" in d else "-"
-      out.append(f"| {a} | {_ci(d['pre'])} | {_ci(d['post'])} | {rec} |")
+      name = f"{a} [{ev['best'][a]}]" if a in ev["best"] else a
+      out.append(f"| {name} | {_ci(d['pre'])} | {_ci(d['post'])} | {rec} |")
   return "\n".join(out) + "\n"
 
 
 def load_cells(path: pathlib.Path) -> list[dict]:
+  """The finished cells of a drift workdir; DataError for a file that is not a drift cell or a
+  cell without one of ARMS (written before the baseline arms existed: rerun into a new workdir)."""
   cells = [errors.read_json(f, "drift cell") for f in sorted(path.glob(f"*/{runner_lib.CELL_FILE}"))]
   if any(not isinstance(c, dict) or not is_drift_cell(c) or "rewards" not in c for c in cells):
     raise errors.DataError(f"{path}: a cell.json is not a drift study cell")
+  check_arms(cells, path)
   return cells
+
+
+def check_arms(cells: list[dict], where) -> None:
+  """DataError for a cell without one of ARMS (written before the baseline arms existed)."""
+  for c in cells:
+    missing = missing_arms(c, ARMS)
+    if missing:
+      raise errors.DataError(
+          f"{where}: the {c.get('variant')} seed {c.get('seed')} drift cell has no "
+          f"{', '.join(missing)} arm (written by an older drift study); rerun the drift study "
+          "into a new workdir")
 
 
 def write_report(workdir, out=None) -> pathlib.Path:

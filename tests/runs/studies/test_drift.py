@@ -1,7 +1,12 @@
 """Drift study: windowed reward-since-event curves, the 95% interval, recovery, settings and the
-report on small hand-made cells (the study itself runs at CI size in the experiments stage)."""
+report on small hand-made cells; a tiny study end to end (every arm, a failing LLM, the optimum as
+ceiling, resume); cells of an older study refused (the study itself runs at CI size in the
+experiments stage)."""
 import json
 import math
+import os
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -9,7 +14,15 @@ from scipy import stats
 
 from experiments.configs import study as study_config
 from gp_jax import errors
+from gp_jax.baselines import labels as labels_lib
+from gp_jax.baselines import single_round
+from gp_jax.runs import system as system_lib
 from gp_jax.runs.studies import drift
+from gp_jax.runs.studies import report as report_lib
+from gp_jax.workflow import mdp
+from gp_jax.workflow import roles as roles_lib
+
+REPO = __import__("pathlib").Path(__file__).resolve().parents[3]
 
 
 def test_window_means_align_at_the_event():
@@ -56,49 +69,177 @@ def test_recovery():
     drift.recovery(router, ref, t=2, after=3, window=2)
 
 
-def _cell(kind, seed, shift):
+def _cell(kind, seed, shift, old=False):
   n, t = 8, 4
   base = np.full(n, 0.5)
-  rewards = dict(online=base - shift * (np.arange(n) >= t), frozen=base - 0.2 * (np.arange(n) >= t),
-                 no_history=base - 0.3 * (np.arange(n) >= t), retrained=np.full(n, 0.4),
+  after = np.arange(n) >= t
+  rewards = dict(online=base - shift * after, frozen=base - 0.2 * after,
+                 no_history=base - 0.3 * after, retrained=np.full(n, 0.4),
                  optimum=np.full(n, 0.8), **{"single:a": np.full(n, 0.1), "single:b": np.full(n, 0.3)})
+  if not old:   # the arms added with the baselines
+    rewards.update({"multi:router_r1": base - 0.5 * after, "multi:knn": np.full(n, 0.2),
+                    "router:best_single": np.full(n, 0.3), "router:knn": base - 0.1 * after})
   return dict(study="drift", variant=kind, seed=seed, alpha=0.5, t=t, window=2, recovery_after=2,
               n_test=n, eval_overrides={"data.sim_events.fail.llm": "a"},
               rewards={k: v.tolist() for k, v in rewards.items()})
 
 
+def _write(root, cells):
+  for c in cells:
+    d = root / f"{c['variant']}_seed{c['seed']}"
+    d.mkdir(parents=True)
+    (d / "cell.json").write_text(json.dumps(c))
+
+
 def test_summary_and_report(tmp_path):
   cells = [_cell("fail", 0, 0.1), _cell("fail", 1, 0.3)]
   s = drift.summarize(cells)["fail"]
-  assert s["best_single"] == "single:b" and set(s["arms"]) == set(drift.ARMS) | {"single:b"}
+  assert s["best"] == {drift.BEST_SINGLE: "single:b", drift.BEST_ROUTER: "router:knn"}
+  assert set(s["arms"]) == set(drift.ARMS) | {drift.BEST_SINGLE, drift.BEST_ROUTER}
   online = s["arms"]["online"]
   assert online["pre"][0] == pytest.approx(0.5) and online["post"][0] == pytest.approx(0.3)
   assert online["recovery"][0] == pytest.approx(np.mean([0.4 / 0.4, 0.2 / 0.4]))
   assert online["curve"]["offsets"] == [-4, -2, 0, 2]
-  for c in cells:
-    d = tmp_path / f"fail_seed{c['seed']}"
-    d.mkdir()
-    (d / "cell.json").write_text(json.dumps(c))
+  r1 = s["arms"]["multi:router_r1"]      # the new arms: curves, means and recovery
+  assert r1["curve"]["mean"] == pytest.approx([0.5, 0.5, 0.0, 0.0])
+  assert r1["post"][0] == pytest.approx(0.0) and r1["recovery"][0] == pytest.approx(0.0)
+  assert s["arms"]["multi:knn"]["recovery"][0] == pytest.approx(0.5)
+  assert s["arms"][drift.BEST_ROUTER]["post"][0] == pytest.approx(0.4)
+  assert s["arms"][drift.BEST_SINGLE]["recovery"][0] == pytest.approx(0.75)
+  assert "recovery" not in s["arms"]["optimum"] and "recovery" not in s["arms"]["retrained"]
+  _write(tmp_path, cells)
   out = drift.write_report(tmp_path)
   text = out.read_text()
   assert "| online | 0.500 ± 0.000 | 0.300 ± " in text and (tmp_path / "report.png").stat().st_size
+  assert "| multi:router_r1 | 0.500 ± 0.000 | 0.000 ± 0.000 | 0.000 ± 0.000 |" in text
+  assert "| best single-round router (after the fact) [router:knn] | 0.500 ± 0.000 | 0.400 ± " in text
+  assert "| best single LLM (after the fact) [single:b] | 0.300 ± " in text
   (tmp_path / "bad").mkdir()
   (tmp_path / "bad" / "cell.json").write_text(json.dumps({"variant": "x"}))
   with pytest.raises(errors.DataError, match="not a drift study cell"):
     drift.load_cells(tmp_path)
 
 
+def test_the_combined_report_has_the_drift_section(tmp_path):
+  _write(tmp_path / "studies" / "drift", [_cell("fail", 0, 0.1), _cell("fail", 1, 0.3)])
+  out = report_lib.write_full_report(tmp_path, tmp_path / "report.md")
+  text = out.read_text()
+  assert f"## {drift.TITLE}" in text and "| multi:knn | 0.200 ± 0.000 | 0.200 ± 0.000 |" in text
+  assert (tmp_path / "report_drift.png").stat().st_size > 1000
+
+
+def test_cells_without_the_baseline_arms_are_refused(tmp_path):
+  """Cells written before the baseline arms existed are never mixed with new ones: the report,
+  the summary and a rerun of the study refuse them, the rerun before anything is written."""
+  old = tmp_path / "old"
+  _write(old, [_cell("fail", 0, 0.1, old=True), _cell("fail", 1, 0.3)])
+  for call in (lambda: drift.load_cells(old), lambda: drift.summarize([_cell("fail", 0, 0, True)])):
+    with pytest.raises(errors.DataError, match="no multi:router_r1, multi:knn arm"):
+      call()
+  c = study_config.get_config("test")
+  with pytest.raises(errors.DataError, match="fail_seed0/cell.json has no multi:router_r1"):
+    drift.DriftRunner(c, old, verbose=False).run([0])
+  assert not (old / "config.json").exists() and not (old / "train").exists()
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  out = subprocess.run([sys.executable, "-m", "experiments.study", "--study=drift",
+                        "--config=experiments/configs/study.py:test", f"--workdir={old}"],
+                       cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
+  lines = [l for l in (out.stdout + out.stderr).splitlines() if l.strip()]
+  assert out.returncode == 2, out.stderr[-2000:]
+  assert lines[-1].startswith("error: ") and "has no multi:router_r1" in lines[-1]
+  assert sum(l.startswith("error: ") for l in lines) == 1
+  assert not (old / "config.json").exists()
+
+
+def test_carried_policy_renames_actions_by_role_and_llm():
+  roles = roles_lib.load_roles().select(["planner", "executor", "summarizer"])
+  src = mdp.ActionSpace(roles, ("a", "b"))
+  dst = mdp.ActionSpace(roles, ("a", "b", "c"))   # c joined: the old router cannot pick it
+  seen = []
+
+  def policy(query, state, mask, rng):
+    seen.append(np.asarray(mask))
+    return src.encode("executor", "b")
+  mask = np.zeros(dst.size, bool)
+  mask[[dst.encode("executor", "b"), dst.encode("executor", "c"), dst.encode("planner", "a")]] = True
+  act = drift.carried_policy(policy, src, dst)
+  assert act(None, None, mask, None) == dst.encode("executor", "b")
+  want = np.zeros(src.size, bool)
+  want[[src.encode("executor", "b"), src.encode("planner", "a")]] = True
+  assert seen[0].tolist() == want.tolist()
+  same = drift.carried_policy(policy, src, src)
+  assert same(None, None, want, None) == src.encode("executor", "b")
+
+
+def _tiny_config(events: str):
+  c = study_config.get_config("test")
+  c.train.episodes = 16
+  c.data.n_test = 12
+  c.study.drift_events = events
+  c.study.drift_t, c.study.drift_window, c.study.drift_recovery_after = 4, 2, 4
+  c.study.drift_r1_episodes = 16
+  c.study.drift_routers = "best_single,knn"
+  return c
+
+
+def _best_single_llm(c) -> str:
+  """The LLM the best_single router picks for every query of seed 0 (the study's own fit)."""
+  cfg = c.copy_and_resolve_references()
+  cfg.seed = 0
+  sysm = system_lib.build(cfg)
+  data = labels_lib.collect(sysm, sysm.train_queries, seed=0)
+  r = single_round.make_router("best_single").fit(data, sysm.catalog)
+  x = labels_lib.embed(sysm, sysm.test_queries[:1])
+  return sysm.space.llms[int(r.choose(x, float(cfg.alpha), np.random.default_rng(0))[0])]
+
+
+def test_tiny_study_every_arm_a_failing_llm_and_resume(tmp_path, capsys):
+  """Events fail (of the LLM the best_single router routes everything to) and join at query 4 of
+  12: every arm is in the cell; the routers that keep routing to the failed LLM get nothing from
+  query 4 on; the optimum is the ceiling of every arm in every window; a rerun skips the cells."""
+  c = _tiny_config("fail,join")
+  c.study.drift_llm = _best_single_llm(c)
+  work = tmp_path / "drift"
+  res = drift.DriftRunner(c, work).run([0])
+  assert res["ran"] == [("fail", 0), ("join", 0)]
+  s = drift.settings(c)
+  for kind in ("fail", "join"):
+    cell = json.loads((work / f"{kind}_seed0" / "cell.json").read_text())
+    r = {k: np.asarray(v) for k, v in cell["rewards"].items()}
+    assert set(drift.arms(s)) <= set(r) and all(len(v) == 12 for v in r.values())
+    assert {k for k in r if k.startswith("single:")} == {f"single:{m}" for m in cell["llms"]}
+    for name, v in r.items():
+      gap = drift.window_means(r["optimum"], 4, 2)[1] - drift.window_means(v, 4, 2)[1]
+      assert gap.min() >= -1e-6, (kind, name, gap)
+    if kind == "fail":
+      for name in ("router:best_single", f"single:{c.study.drift_llm}"):
+        assert r[name][:4].mean() > 0.05 and np.all(r[name][4:] <= 1e-9), (name, r[name])
+      assert r["optimum"][4:].mean() > 0.05
+    else:
+      assert len(cell["llms"]) == 4 and cell["llms"][-1] == c.study.drift_join_llm
+  summary = drift.summarize(drift.load_cells(work))
+  assert set(summary["fail"]["arms"]) == set(drift.ARMS) | {drift.BEST_SINGLE, drift.BEST_ROUTER}
+  assert "multi:knn" in capsys.readouterr().err
+  again = drift.DriftRunner(c, work, verbose=False).run([0])
+  assert again["ran"] == [] and len(again["skipped"]) == 2
 def test_settings_validate():
   c = study_config.get_config("test")
   s = drift.settings(c)
-  assert s.events == drift.EVENTS and s.t == 8
+  assert s.events == drift.EVENTS and s.t == 8 and s.routers == ("best_single", "knn", "mlp")
+  assert drift.arms(s)[-3:] == ("router:best_single", "router:knn", "router:mlp")
+  kw = drift.multi_kwargs(c)
+  assert (kw["r1_episodes"], kw["r1_batch"], kw["knn_k"]) == (32, 16, 10)
+  assert kw["r1_ppo"].clip_eps == c.ppo.clip_eps and kw["r1_ppo"].learning_rate == 1e-3
   ev, re = drift.event_overrides("join", s, c)
   assert ev["llms"].endswith("," + s.join_llm) and re["data.sim_events.join.t"] == 0
   assert ev["data.sim_events.splits"] == "test" and re["data.sim_events.splits"] == "train"
   for field, value, match in [("drift_t", 0, "inside the test stream"),
                               ("drift_recovery_after", 20, "must fit"),
                               ("drift_events", "quake", "drift event"),
-                              ("drift_join_llm", "qwen2.5-7b-instruct", "in the training pool")]:
+                              ("drift_join_llm", "qwen2.5-7b-instruct", "in the training pool"),
+                              ("drift_routers", "knn,oracle", "unknown router"),
+                              ("drift_router_llm", "gpt-5", "unknown router LLM"),
+                              ("drift_r1_batch", 3, "not a multiple")]:
     c = study_config.get_config("test")
     c.study[field] = value
     with pytest.raises(errors.ConfigError, match=match):
