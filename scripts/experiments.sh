@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Every experiment of the paper on the simulated pool, then one report with figures.
+# Every experiment of the paper on the simulated pool (the alpha sweep, the studies phases, unseen,
+# ablations, roles and drift, the routed Graph Counselor), then one report with figures.
 #   bash scripts/experiments.sh          CPU size: runs/experiments/, report -> docs/report.md
 #   bash scripts/experiments.sh test     CI size:  runs/experiments_test/, report next to it
 # Each runner is resumable: rerunning skips finished cells and resumes interrupted training.
@@ -20,7 +21,7 @@ t0=$(date +%s)
 stamp() { echo "[experiments] $1: $(( $(date +%s) - t0 ))s elapsed" >&2; }
 python -m experiments.sweep --config="experiments/configs/sweep.py$suffix" --workdir="$root/sweep" "$@"
 stamp "alpha sweep"
-for study in phases unseen ablations roles; do
+for study in phases unseen ablations roles drift; do
   python -m experiments.study --study="$study" --config="experiments/configs/study.py$suffix" \
     --workdir="$root/studies/$study" "$@"
   stamp "study $study"

@@ -1,4 +1,5 @@
-"""The shell entry points: env.sh sourced interactively, train.sh's terminal output."""
+"""The shell entry points: env.sh sourced interactively, train.sh's terminal output, the studies
+that experiments.sh (CI's experiments stage) runs."""
 import os
 import pathlib
 import re
@@ -79,3 +80,17 @@ def test_train_sh_names_its_logs_first_and_shows_progress(tmp_path):
   assert any(l.startswith("== alpha = 0.5 (log: ") for l in lines)
   assert any(l.startswith("| GraphPlanner |") for l in lines)
   assert lines[-1].startswith("total wall time: ")
+
+
+def test_experiments_sh_runs_every_study_then_the_report():
+  """CI's experiments stage (.ci/run: experiments.sh test) runs the five studies, the drift study
+  among them, at the size given, each into <root>/studies/<study>, before the combined report."""
+  ci = (REPO / ".ci" / "run").read_text()
+  assert "bash scripts/experiments.sh test" in ci
+  script = (REPO / "scripts" / "experiments.sh").read_text()
+  loop = re.search(r"^for study in ([a-z ]+); do$", script, re.M)
+  assert loop and loop.group(1).split() == ["phases", "unseen", "ablations", "roles", "drift"]
+  body = script[loop.end():script.index("done", loop.end())]
+  assert '--study="$study" --config="experiments/configs/study.py$suffix"' in body
+  assert '--workdir="$root/studies/$study"' in body
+  assert script.index("python -m experiments.report --root=") > loop.end()

@@ -456,23 +456,24 @@ def plot(summary: dict, path: pathlib.Path) -> None:
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   kinds = list(summary)
-  fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 3.4), squeeze=False)
+  fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 4.2), squeeze=False)
   for ax, kind in zip(axes[0], kinds):
     ev = summary[kind]
     for a, d in ev["arms"].items():
       x = np.asarray(d["curve"]["offsets"]) + ev["window"] / 2
       m, h = np.asarray(d["curve"]["mean"]), np.asarray(d["curve"]["half"])
       style = dict(ls=":", color="k") if a == "optimum" else {}
-      label = f"{a} [{ev['best'][a]}]" if a in ev.get("best", {}) else a
-      ax.plot(x, m, marker=".", label=label, **style)
+      ax.plot(x, m, marker=".", label=a, **style)
       if not np.isnan(h).all():
         ax.fill_between(x, m - h, m + h, alpha=0.15, **({"color": "k"} if a == "optimum" else {}))
     ax.axvline(0, color="grey", lw=0.8)
-    ax.set_title(kind, fontsize=9)
+    chosen = ", ".join(v.split(":", 1)[1] for v in ev.get("best", {}).values())
+    ax.set_title(kind + (f"\n(best after the fact: {chosen})" if chosen else ""), fontsize=8)
     ax.set_xlabel("queries since the event (window centres)")
     ax.set_ylabel("expected reward")
-  axes[0][0].legend(fontsize=6)
-  fig.tight_layout()
+  handles, labels = axes[0][0].get_legend_handles_labels()
+  fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=7, frameon=False)
+  fig.tight_layout(rect=(0, 0.14, 1, 1))
   fig.savefig(path, dpi=110)
   plt.close(fig)
 

@@ -3,6 +3,8 @@
 Layout read (each part optional, at least one needed):
   <root>/sweep/                  alpha sweep cells (gp_jax/runs/sweep.py)
   <root>/studies/<study>/        study cells (gp_jax/runs/studies/runner.py)
+  <root>/studies/drift/          drift study cells (gp_jax/runs/studies/drift.py: its own section,
+                                 per-event tables of every arm and the windowed-reward figure)
   <root>/counselor_routed/       routed Graph Counselor results (results.md written by its runner)
 Per study: a table of every variant (mean ± std over seeds of expected accuracy, cost, reward and
 reward / optimum of its evaluation system), the reference policies of each evaluation system, the
