@@ -137,10 +137,6 @@ def make_optimizer(settings: PPOSettings, *, num_updates: int = 1,
                              "value": optax.adam(rate(lr * settings.value_lr_multiplier))}, label))
 
 
-def masked_log_softmax(logits):
-  return jax.nn.log_softmax(logits)
-
-
 def entropy_of(logits, mask):
   logp = jax.nn.log_softmax(logits)
   p = jnp.exp(logp)
