@@ -1,15 +1,18 @@
 """Writing run outputs so that a crash or a full disk never leaves a half-written file behind.
 
 `write_atomic` writes a temporary file next to the target and renames it over the target: a
-reader (or a rerun) sees the old file or the new one, never a mix. An OSError (disk full,
-read-only file system, no permission) becomes a StorageError naming the file; the temporary file
-is removed and the old file is untouched.
+reader (or a rerun) sees the old file or the new one, never a mix (`write_json` and `write_lines`
+are its JSON and line forms). An OSError (disk full, read-only file system, no permission)
+becomes a StorageError naming the file; the temporary file is removed and the old file is
+untouched.
 """
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import pathlib
+from typing import Any, Iterable
 
 from gp_jax import errors
 
@@ -30,8 +33,9 @@ def storage_errors(path, what: str):
     raise errors.StorageError(f"{path}: cannot write {what} ({describe_os_error(e)})") from None
 
 
-def write_atomic(path: str | os.PathLike, text: str, what: str) -> None:
-  """Replaces `path` with `text` (UTF-8) in one rename.
+def write_atomic(path: str | os.PathLike, text: str, what: str, *,
+                 parents: bool = False) -> pathlib.Path:
+  """Replaces `path` with `text` (UTF-8) in one rename; parents: create missing folders first.
 
   Raises:
     StorageError: the file cannot be written; `path` keeps its previous contents.
@@ -39,6 +43,8 @@ def write_atomic(path: str | os.PathLike, text: str, what: str) -> None:
   path = pathlib.Path(path)
   tmp = path.with_name(path.name + ".tmp")
   with storage_errors(path, what):
+    if parents:
+      path.parent.mkdir(parents=True, exist_ok=True)
     try:
       tmp.write_text(text)
       os.replace(tmp, path)
@@ -46,3 +52,17 @@ def write_atomic(path: str | os.PathLike, text: str, what: str) -> None:
       with contextlib.suppress(OSError):
         tmp.unlink()
       raise
+  return path
+
+
+def write_json(path: str | os.PathLike, obj: Any, what: str, *, parents: bool = True,
+               **dump_kwargs) -> pathlib.Path:
+  """write_atomic of json.dumps(obj, **dump_kwargs) (compact, non-ASCII kept, by default)."""
+  dump_kwargs = {"ensure_ascii": False, "separators": (",", ":"), **dump_kwargs}
+  return write_atomic(path, json.dumps(obj, **dump_kwargs), what, parents=parents)
+
+
+def write_lines(path: str | os.PathLike, lines: Iterable[str], what: str, *,
+                parents: bool = True) -> pathlib.Path:
+  """write_atomic of text lines, each followed by a newline."""
+  return write_atomic(path, "".join(f"{line}\n" for line in lines), what, parents=parents)

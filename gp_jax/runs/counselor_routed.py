@@ -26,6 +26,7 @@ from typing import Callable, Sequence
 import numpy as np
 
 from gp_jax import errors
+from gp_jax import files
 from gp_jax.counselor.agents import records
 from gp_jax.counselor.eval import metrics
 from gp_jax.counselor.kg import data as data_lib
@@ -256,12 +257,12 @@ def run(cfg: ExperimentConfig, seeds: Sequence[int], workdir: str, *, concurrenc
       log(f"seed {seed}: done already ({path})")
     else:
       done = run_seed(cfg, seed, concurrency=concurrency, log=log)
-      graph_store.write_json_atomic(path, done)
+      files.write_json(path, done, "a seed's results")
     runs.append(done)
   summary = aggregate(cfg, runs)
-  graph_store.write_json_atomic(root / "results.json", summary)
+  files.write_json(root / "results.json", summary, "the results")
   table = markdown(summary)
-  graph_store.write_lines_atomic(root / "results.md", table.rstrip("\n").split("\n"))
+  files.write_lines(root / "results.md", table.rstrip("\n").split("\n"), "the results table")
   log(table)
   return summary
 

@@ -14,12 +14,12 @@ cell next to the single-round ones.
 from __future__ import annotations
 
 import dataclasses
-import json
 import pathlib
 import sys
 import time
 
 from gp_jax import errors
+from gp_jax import files
 from gp_jax import progress as progress_lib
 from gp_jax.baselines import labels as labels_lib
 from gp_jax.baselines import multi_round
@@ -90,9 +90,9 @@ def run_cell(config, system, routers, alpha: float, seed: int, out: pathlib.Path
                            best_running=summary["best_running"]),
                 multi_seconds=time.time() - t_multi, seconds=time.time() - t0,
                 rows=[dataclasses.asdict(r) for r in rows])
-  tmp = out / (CELL_FILE + ".tmp")
-  tmp.write_text(json.dumps(record, indent=1))
-  tmp.replace(out / CELL_FILE)          # a cell is finished only once its file is whole
+  # A cell is finished only once its file is whole.
+  files.write_json(out / CELL_FILE, record, "a sweep cell", parents=False, indent=1,
+                   ensure_ascii=True, separators=None)
   return record
 
 

@@ -278,13 +278,13 @@ def _umask():
 
 @pytest.mark.parametrize("mask", [0o022, 0o002, 0o077])
 def test_atomic_writes_honour_the_umask(tmp_path, mask):
-  from gp_jax.counselor.kg import graph_store
+  from gp_jax import files
   from gp_jax.llm import endpoints
   old = os.umask(mask)
   try:
     loader.write_queries(tmp_path / "q.jsonl", [])
-    graph_store.write_json_atomic(tmp_path / "g.json", {"a": 1})
-    graph_store.write_lines_atomic(tmp_path / "l.jsonl", ["{}"])
+    files.write_json(tmp_path / "g.json", {"a": 1}, "json")
+    files.write_lines(tmp_path / "l.jsonl", ["{}"], "lines")
     endpoints.write_endpoints(tmp_path / "e.json", {"qwen2.5-7b-instruct": (
         endpoints.Endpoint("http://127.0.0.1:8000/v1", "qwen"),)})
   finally:

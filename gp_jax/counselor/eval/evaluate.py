@@ -15,13 +15,13 @@ import math
 from typing import Any, Callable, Mapping, Sequence
 
 from gp_jax import errors
+from gp_jax import files
 from gp_jax.counselor.agents import baselines
 from gp_jax.counselor.agents import loop as agents
 from gp_jax.counselor.agents import records
 from gp_jax.counselor.eval import metrics
 from gp_jax.counselor.kg import data as data_lib
 from gp_jax.counselor.kg import functions as functions_lib
-from gp_jax.counselor.kg import graph_store
 from gp_jax.llm import base
 
 METHODS: dict[str, Callable[..., Any]] = {
@@ -169,4 +169,4 @@ def write_predictions(preds: Sequence[Prediction], path) -> None:
     row = p.to_json()
     row = {k: (None if isinstance(v, float) and math.isnan(v) else v) for k, v in row.items()}
     lines.append(json.dumps(row, ensure_ascii=False, default=default))
-  graph_store.write_lines_atomic(path, lines)
+  files.write_lines(path, lines, "the predictions")

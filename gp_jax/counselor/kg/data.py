@@ -14,7 +14,7 @@ import pathlib
 from typing import Any, Iterable
 
 from gp_jax import errors
-from gp_jax.counselor.kg import graph_store
+from gp_jax import files
 
 LEVELS = ("easy", "medium", "hard")
 
@@ -127,5 +127,6 @@ def load_questions(path: str | os.PathLike) -> list[GraphQuestion]:
 
 def save_questions(questions: Iterable[GraphQuestion], path: str | os.PathLike) -> pathlib.Path:
   """Writes a question file atomically."""
-  return graph_store.write_lines_atomic(
-      path, (json.dumps(q.to_json(), ensure_ascii=False, sort_keys=False) for q in questions))
+  return files.write_lines(
+      path, (json.dumps(q.to_json(), ensure_ascii=False, sort_keys=False) for q in questions),
+      "the questions")

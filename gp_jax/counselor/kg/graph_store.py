@@ -18,10 +18,10 @@ import hashlib
 import json
 import os
 import pathlib
-from typing import Any, Iterable, Mapping
+from typing import Any, Mapping
 
 from gp_jax import errors
-from gp_jax import paths
+from gp_jax import files
 
 # Feature names tried, in order, as a node type's main text when none is configured. The GRBench
 # graphs use 'name' or 'title' for most types.
@@ -281,37 +281,4 @@ def load_graph(path: str | os.PathLike, *, text_keys: Mapping[str, str] | None =
 
 def save_graph(graph: KnowledgeGraph, path: str | os.PathLike) -> pathlib.Path:
   """Writes graph.json atomically (a reader never sees half a file)."""
-  return write_json_atomic(path, graph.to_json_dict())
-
-
-def write_json_atomic(path: str | os.PathLike, obj: Any) -> pathlib.Path:
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = paths.mkstemp_beside(path)
-  try:
-    with os.fdopen(fd, "w") as f:
-      json.dump(obj, f, ensure_ascii=False, separators=(",", ":"))
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
-  return path
-
-
-def write_lines_atomic(path: str | os.PathLike, lines: Iterable[str]) -> pathlib.Path:
-  """Writes text lines atomically (each line gets a trailing newline)."""
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = paths.mkstemp_beside(path)
-  try:
-    with os.fdopen(fd, "w") as f:
-      for line in lines:
-        f.write(line)
-        f.write("\n")
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
-  return path
+  return files.write_json(path, graph.to_json_dict(), "the graph")
