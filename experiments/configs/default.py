@@ -124,4 +124,6 @@ def get_config() -> ml_collections.ConfigDict:
   c.eval.online_history = False    # online memory: evaluated episodes join the router's history as
                                    # they finish (weights frozen, model.history_capacity bounds it);
                                    # its row is "GraphPlanner (online memory)"
+  c.eval.online_recent_rows = 0    # > 0: online memory keeps only its newest rows (a recency
+                                   # window: each hub's mean reads recent calls); 0 = capacity
   return c

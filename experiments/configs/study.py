@@ -33,13 +33,18 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # Drift study (gp_jax/runs/studies/drift.py): pool events at query drift_t of the test stream.
   c.study.drift_events = "quality_drop,price_rise,fail,join"   # events, one cell per event and seed
   c.study.drift_llm = "qwen2.5-7b-instruct"   # LLM whose skill drops, price rises or that fails
-  c.study.drift_join_llm = "llama-3.3-nemotron-super-49b-v1"   # LLM that joins (not in config.llms)
+  # LLM that joins at t: the one the optimum relies on (0.71 of its calls on the 12-LLM CPU pool,
+  # every other LLM <= 0.10; docs/memory.md). When it is in config.llms, the router that meets the
+  # event is trained on config.llms without it.
+  c.study.drift_join_llm = "qwen2.5-7b-instruct"
   c.study.drift_t = 8 if arg == "test" else 100        # event position in the test stream
   c.study.drift_delta = -3.0       # quality_drop: logit added to drift_llm's skill on every domain
   c.study.drift_price_scale = 4.0  # price_rise: multiplier of drift_llm's prices
   c.study.drift_window = 4 if arg == "test" else 25    # queries per window of the reward curve
   c.study.drift_recovery_after = 8 if arg == "test" else 100   # recovery measured this many
                                    # queries after the event, over one window
+  c.study.drift_recent_rows = 40 if arg == "test" else 1000   # arm online_recent: online memory
+                                   # keeping only its newest rows (a recency window)
   # The drift study's baselines, fitted once per seed on the pre-event pool: single-round routers
   # (arms "router:<name>"), and Router-R1-style (trained with PPO for as many episodes as the
   # GraphPlanner router; clip, epochs, minibatches, gamma, lambda, grad clip from config.ppo) and

@@ -38,16 +38,22 @@ ONLINE_LABEL = " (online memory)"
 
 
 def run_router(system, env, model, params, history, queries, *, parallel: int, seed: int,
-               online: bool = False):
+               online: bool = False, recent_rows: int = 0):
   """Greedy router episodes' final states. history: the memory the router reads (transductive,
   summary and retrieval modes; the model says which), None for inductive. online: the evaluated
   episodes join (a copy of) the history as they finish, within its capacity, weights frozen
-  (rollout.run_episodes)."""
+  (rollout.run_episodes). recent_rows > 0 (online only): a recency window, the copy starts
+  with the newest `recent_rows` rows and keeps at most that many (the oldest evicted as new ones
+  join), so each hub's mean reads recent calls only."""
+  if recent_rows < 0 or (recent_rows and not online):
+    raise errors.ConfigError(f"eval.online_recent_rows={recent_rows} must be >= 0, and > 0 only "
+                             "with eval.online_history=True")
   if online:
     if history is None:
       raise errors.ConfigError("eval.online_history needs a router that reads a history memory "
                                "(model.history other than 'inductive')")
-    history = dataclasses.replace(history, rows=history.rows.copy(), hubs=history.hubs.copy())
+    history = (recent_window(history, recent_rows) if recent_rows else
+               dataclasses.replace(history, rows=history.rows.copy(), hubs=history.hubs.copy()))
   runner = rollout.PolicyRunner(model, system.featurizer.hub_features, parallel,
                                 featurizer=system.featurizer)
   runner.set_params(params, history)
@@ -55,6 +61,12 @@ def run_router(system, env, model, params, history, queries, *, parallel: int, s
       env, system.featurizer, runner, queries, key=jax.random.PRNGKey(seed), greedy=True,
       history=history, grow_history=online, seed_salt=("eval", seed), online=online))
   return [e.state for e in eps]
+
+
+def recent_window(history, rows: int):
+  """A copy of `history` holding its newest `rows` rows, with capacity `rows`."""
+  return dataclasses.replace(history, rows=history.rows[-rows:].copy(),
+                             hubs=history.hubs[-rows:].copy(), capacity=int(rows))
 
 
 class _CountingEnv:
@@ -94,9 +106,11 @@ class _EvalProgress:
 
 def evaluate(system: system_lib.System, alpha: float, *, router=None, baselines: bool = True,
              optimum: bool = True, parallel: int = 64, seed: int = 0,
-             online_history: bool = False, progress: bool = False) -> list[Row]:
+             online_history: bool = False, online_recent_rows: int = 0,
+             progress: bool = False) -> list[Row]:
   """Rows for every policy on the system's test queries. router = (model, params, history|None);
-  online_history: its row is "GraphPlanner (online memory)" (run_router's online mode).
+  online_history: its row is "GraphPlanner (online memory)" (run_router's online mode, with the
+  recency window online_recent_rows when > 0).
 
   progress: report "[eval]" lines (gp_jax/progress.py) as the policies' episodes finish."""
   env = system.env(alpha)
@@ -113,7 +127,8 @@ def evaluate(system: system_lib.System, alpha: float, *, router=None, baselines:
     name = ROUTER + (ONLINE_LABEL if online_history else "")
     rows += summarize(name, system, env, queries,
                       run_router(system, run_env(name), model, params, history, queries,
-                                 parallel=parallel, seed=seed, online=online_history))
+                                 parallel=parallel, seed=seed, online=online_history,
+                                 recent_rows=online_recent_rows))
   if baselines:
     rows += summarize("random", system, env, queries,
                       policies.run_policy(run_env("random"), policies.random_policy, queries,

@@ -115,6 +115,9 @@ def validate(config) -> None:
             (0 <= p.get("lr_final_fraction", 0.0) <= 1, "0 <= ppo.lr_final_fraction <= 1"),
             (0 <= p.get("entropy_final_fraction", 0.0) <= 1, "0 <= ppo.entropy_final_fraction <= 1"),
             (config.model.history_capacity >= 0, "model.history_capacity >= 0"),
+            (config.eval.get("online_recent_rows", 0) >= 0, "eval.online_recent_rows >= 0"),
+            (not config.eval.get("online_recent_rows", 0) or config.eval.get("online_history", False),
+             "eval.online_history=True with eval.online_recent_rows > 0"),
             (t.checkpoint_every >= 1, "train.checkpoint_every >= 1"),
             (t.get("padding", "fixed") in rl_train.PADDINGS, f"train.padding in {rl_train.PADDINGS}")]
   for ok, what in checks:

@@ -32,6 +32,7 @@ SWITCHED_OFF_WHEN = {
         not str(flat.get(f"data.sim_events.{kind}.llm", "")).strip()
         for kind in ("quality", "price", "join", "fail")),
     "eval.online_history": lambda flat: not flat.get("eval.online_history", False),
+    "eval.online_recent_rows": lambda flat: not flat.get("eval.online_recent_rows", 0),
     "train.padding": lambda flat: flat.get("train.padding", "fixed") == "fixed",
 }
 

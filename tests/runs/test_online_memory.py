@@ -133,3 +133,33 @@ def test_evaluation_mode(parts):
   with pytest.raises(ValueError, match="online memory needs"):
     asyncio.run(rollout.run_episodes(sysm.env(cfg.alpha), feat, None, [], key=None, greedy=True,
                                      history=None, grow_history=False, seed_salt=0, online=True))
+
+
+def test_recency_window(parts):
+  """eval.online_recent_rows: the online copy starts with the newest rows and keeps that many;
+  the run equals an online run from a memory holding just those rows with that capacity."""
+  cfg, sysm, router = parts
+  model, params, _ = router("transductive")
+  feat = sysm.featurizer
+  eps, grown, _ = _run(parts, online=True)           # a memory of real rows, in arrival order
+  assert len(grown) > 5
+  window = evaluation.recent_window(grown, 5)
+  assert window.capacity == 5 and len(grown) > 5
+  np.testing.assert_array_equal(window.rows, grown.rows[-5:])
+  np.testing.assert_array_equal(window.hubs, grown.hubs[-5:])
+  env = sysm.env(cfg.alpha)
+  queries = sysm.test_queries[N:N + 4]
+  before = grown.rows.copy()
+  got = evaluation.run_router(sysm, env, model, params, grown, queries, parallel=2, seed=0,
+                              online=True, recent_rows=5)
+  np.testing.assert_array_equal(grown.rows, before)   # the caller's memory is not changed
+  want = evaluation.run_router(sysm, env, model, params, evaluation.recent_window(grown, 5),
+                               queries, parallel=2, seed=0, online=True)
+  assert [[c.action for c in s.calls] for s in got] == [[c.action for c in s.calls] for s in want]
+  with pytest.raises(errors.ConfigError, match="online_recent_rows"):
+    evaluation.run_router(sysm, env, model, params, grown, queries, parallel=2, seed=0,
+                          recent_rows=5)
+  bad = test_config.get_config()
+  bad.eval.online_recent_rows = 3
+  with pytest.raises(errors.ConfigError, match="eval.online_history=True"):
+    training.validate(bad)

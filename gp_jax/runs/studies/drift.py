@@ -1,10 +1,14 @@
 """Drift study: GraphPlanner when the pool changes during evaluation (simulator pool events).
 
-For each seed the router is trained once on the configured pool (no event; the join event's LLM is
-left out of training). For each event (quality_drop, price_rise, fail, join; config.study.drift_*)
+For each seed the router is trained once on the configured pool (no event). The join event's
+router is trained on the pool without the joining LLM: when config.study.drift_join_llm is in the
+configured pool (e.g. the LLM the optimum calls most), that pool minus it, a second pre-event
+training. For each event (quality_drop, price_rise, fail, join; config.study.drift_*)
 the evaluated test stream has the event at query position t, and the cell records the expected
 reward of every test query (E[U | calls] - alpha * cost, in stream order) for:
   online      the trained router, its history growing with the evaluated episodes (online memory);
+  online_recent  the same with a recency window: the memory starts with the newest
+              config.study.drift_recent_rows rows and keeps that many (eval.online_recent_rows);
   frozen      the trained router reading the history the training left (the default evaluation);
   no_history  the trained router with an empty history;
   retrained   the same router trained on the changed pool (the event acts on every training
@@ -21,6 +25,8 @@ reward of every test query (E[U | calls] - alpha * cost, in stream order) for:
 The baselines fitted on the pre-event pool act in the evaluated one by (role, LLM) name: under the
 join event they cannot pick the new LLM (their networks and labels know only the old pool).
 Every arm is scored the same way: the expected reward of each evaluated query on the simulator.
+The cell also records, for GraphPlanner's arms and the optimum, the share of calls made with the
+event's LLM before and after t (does the router move off a degraded LLM, onto a new one?).
 
 Metrics (pure functions below, tested on small arrays):
   window_curve  mean reward in consecutive windows of `window` queries aligned at t (no window
@@ -64,7 +70,7 @@ from gp_jax.workflow import policies
 STUDY = "drift"
 EVENTS = ("quality_drop", "price_rise", "fail", "join")
 MULTI = ("router_r1", "knn")            # multi-round baselines (gp_jax.baselines.multi_round)
-ARMS = ("online", "frozen", "no_history", "retrained") + tuple(
+ARMS = ("online", "online_recent", "frozen", "no_history", "retrained") + tuple(
     multi_round.ROW_PREFIX + m for m in MULTI) + ("optimum",)
 BEST_SINGLE = "best single LLM (after the fact)"
 BEST_ROUTER = "best single-round router (after the fact)"
@@ -147,6 +153,7 @@ class Settings:
   recovery_after: int
   events: tuple[str, ...]
   routers: tuple[str, ...]        # single-round routers (arms "router:<name>")
+  recent_rows: int                # online_recent's window (rows)
 
 
 def _names(value) -> tuple[str, ...]:
@@ -166,7 +173,9 @@ def settings(config) -> Settings:
     single_round.make_router(r)
   out = Settings(str(s.drift_llm), str(s.drift_join_llm), int(s.drift_t), float(s.drift_delta),
                  float(s.drift_price_scale), int(s.drift_window), int(s.drift_recovery_after),
-                 events, routers)
+                 events, routers, int(s.drift_recent_rows))
+  if out.recent_rows < 1:
+    raise errors.ConfigError(f"config.study.drift_recent_rows={out.recent_rows} must be >= 1")
   n = int(config.data.n_test)
   if not 0 < out.t < n:
     raise errors.ConfigError(f"config.study.drift_t={out.t} must lie inside the test stream "
@@ -177,9 +186,12 @@ def settings(config) -> Settings:
         f"[{out.t + out.recovery_after}, {out.t + out.recovery_after + out.window}) must fit the "
         f"{n} test queries (and drift_window >= 1)")
   train_llms = system_lib.select_llms(_catalog(config), config.llms)
-  if "join" in events and out.join_llm in train_llms:
-    raise errors.ConfigError(f"config.study.drift_join_llm={out.join_llm!r} is in the training "
-                             "pool (config.llms): the join event needs an LLM new to the router")
+  if "join" in events:
+    if out.join_llm not in _catalog(config).names:
+      raise errors.unknown_name("drift_join_llm", out.join_llm, _catalog(config).names)
+    if len([m for m in train_llms if m != out.join_llm]) < 1:
+      raise errors.ConfigError("the join event's pre-event pool (config.llms without "
+                               f"{out.join_llm}) is empty")
   if str(s.drift_router_llm) and str(s.drift_router_llm) not in train_llms:
     raise errors.unknown_name("router LLM", str(s.drift_router_llm), train_llms)
   for m in MULTI:                  # bad Router-R1 settings fail before any work
@@ -227,9 +239,24 @@ def event_overrides(kind: str, s: Settings, config) -> tuple[dict, dict]:
   ev = {**common, f"{pre}.{sec}.t": s.t, f"{pre}.splits": "test"}
   re = {**common, f"{pre}.{sec}.t": 0, f"{pre}.splits": "train"}
   if kind == "join":   # evaluated (and retrained) on the pool with the new LLM
-    pool = ",".join(system_lib.select_llms(_catalog(config), config.llms) + [llm])
-    ev["llms"] = re["llms"] = pool
+    pool = system_lib.select_llms(_catalog(config), config.llms)
+    ev["llms"] = re["llms"] = ",".join(pool + [llm] if llm not in pool else pool)
   return ev, re
+
+
+def pre_event_overrides(kind: str, s: Settings, config) -> dict:
+  """Training overrides of the router that meets the event: none, except for a join event whose
+  LLM is in the configured pool (the router is then trained on the pool without it)."""
+  pool = system_lib.select_llms(_catalog(config), config.llms)
+  if kind == "join" and s.join_llm in pool:
+    return {"llms": ",".join(m for m in pool if m != s.join_llm)}
+  return {}
+
+
+def llm_share(states, llm: str, lo: int, hi: int) -> float:
+  """Share of the calls made with `llm` by the episodes states[lo:hi] (NaN without calls)."""
+  calls = [c.llm for st in states[lo:hi] for c in st.calls]
+  return float(np.mean([c == llm for c in calls])) if calls else math.nan
 
 
 def per_query_rewards(system, env, states) -> list[float]:
@@ -257,7 +284,7 @@ class DriftRunner:
     self.config, self.workdir, self.verbose = config, pathlib.Path(workdir), verbose
     self.s = settings(config)
     self._runs: dict[tuple, tuple] = {}
-    self._fitted: dict[int, tuple] = {}
+    self._fitted: dict[tuple, tuple] = {}
     for kind in self.s.events:    # fail fast on bad overrides
       for o in event_overrides(kind, self.s, config):
         runner_lib.apply_overrides(config, o)
@@ -315,9 +342,10 @@ class DriftRunner:
     return cfg, sysm, model, params, runner_lib._history_for(cfg, history), tdir
 
   def _baselines(self, seed: int, tsys) -> tuple[dict, dict, float]:
-    """(multi-round routers, single-round routers, seconds) fitted once per seed on the
-    pre-event pool's training queries (Router-R1 trains at the study's alpha on first use)."""
-    if seed not in self._fitted:
+    """(multi-round routers, single-round routers, seconds) fitted once per seed and pre-event
+    pool on its training queries (Router-R1 trains at the study's alpha on first use)."""
+    key = (seed, tuple(tsys.space.llms))
+    if key not in self._fitted:
       t0 = time.time()
       multi = multi_round.fit_multi_routers(list(MULTI), tsys, tsys.train_queries, seed=seed,
                                             **multi_kwargs(self.config))
@@ -328,26 +356,38 @@ class DriftRunner:
       single = single_round.fit_routers(
           list(self.s.routers), data, tsys.catalog, knn_k=int(s.knn_k),
           mlp_hidden=int(s.mlp_hidden), steps=int(s.router_steps), seed=seed)
-      self._fitted[seed] = (multi, single, time.time() - t0)
-    return self._fitted[seed]
+      self._fitted[key] = (multi, single, time.time() - t0)
+    return self._fitted[key]
 
   def run_cell(self, kind: str, seed: int) -> dict:
     t0 = time.time()
     ev, re = event_overrides(kind, self.s, self.config)
-    tcfg, tsys, model, params, hist, tdir = self._trained({}, seed)
-    esys = system_lib.build(runner_lib.apply_overrides(tcfg, ev))
+    pre = pre_event_overrides(kind, self.s, self.config)
+    tcfg, tsys, model, params, hist, tdir = self._trained(pre, seed)
+    esys = system_lib.build(runner_lib.apply_overrides(
+        runner_lib.apply_overrides(self.config, {"seed": int(seed)}), ev))
     alpha = float(tcfg.alpha)
     env = esys.env(alpha)
-    rewards = self._garnet_arms(esys, env, tsys, model, params, hist, seed)
+    event_llm = self.s.join_llm if kind == "join" else self.s.llm
+    states = self._garnet_arms(esys, env, tsys, model, params, hist, seed)
     rcfg, rsys, _, rparams, rhist, rdir = self._trained(re, seed)
-    rewards["retrained"] = self._garnet_arms(esys, env, rsys, model, rparams, rhist, seed,
-                                             only_frozen=True)["frozen"]
+    states["retrained"] = self._garnet_arms(esys, env, rsys, model, rparams, rhist, seed,
+                                            only_frozen=True)["frozen"]
     multi, single, fit_seconds = self._baselines(seed, tsys)
+    rewards = {a: per_query_rewards(esys, env, st) for a, st in states.items()}
     rewards.update(self._baseline_arms(esys, env, tsys, multi, single, seed))
-    rewards.update(self._reference_arms(esys, env, seed))
+    optimum_states, singles = self._reference_arms(esys, env, seed)
+    rewards["optimum"] = per_query_rewards(esys, env, optimum_states)
+    rewards.update(singles)
+    states["optimum"] = optimum_states
+    t = self.s.t
+    shares = {a: [llm_share(st, event_llm, 0, t), llm_share(st, event_llm, t, len(st))]
+              for a, st in states.items()}
     return dict(study=STUDY, variant=kind, seed=seed, alpha=alpha, t=self.s.t,
                 window=self.s.window, recovery_after=self.s.recovery_after, eval_overrides=ev,
-                retrain_overrides=re, llms=list(esys.space.llms), n_test=len(esys.test_queries),
+                retrain_overrides=re, pre_event_overrides=pre, event_llm=event_llm,
+                event_llm_share=shares, recent_rows=self.s.recent_rows,
+                llms=list(esys.space.llms), n_test=len(esys.test_queries),
                 online_history=hist is not None, rewards=rewards,
                 train=dict(episodes=int(tcfg.train.episodes),
                            seconds=runner_lib._train_seconds(tdir),
@@ -357,21 +397,23 @@ class DriftRunner:
 
   def _garnet_arms(self, esys, env, tsys, model, params, hist, seed: int, *,
                    only_frozen: bool = False) -> dict:
-    """online, frozen and no_history rewards of a trained GARNet on the evaluated stream (its
-    history's hub ids renamed for the evaluated pool)."""
+    """online, online_recent, frozen and no_history final states of a trained GARNet on the
+    evaluated stream (its history's hub ids renamed for the evaluated pool)."""
     if hist is not None and not runner_lib.same_space(esys.space, tsys.space):
       hist = runner_lib.remap_history(hist, tsys.space, esys.space)
     parallel = int(self.config.train.parallel)
 
-    def router(h, online=False):
-      return per_query_rewards(esys, env, evaluation.run_router(
-          esys, env, model, params, h, esys.test_queries, parallel=parallel, seed=seed,
-          online=online))
+    def router(h, online=False, recent_rows=0):
+      return evaluation.run_router(esys, env, model, params, h, esys.test_queries,
+                                   parallel=parallel, seed=seed, online=online,
+                                   recent_rows=recent_rows)
 
     out = {"frozen": router(hist)}
     if not only_frozen:
       out["no_history"] = router(None)
       out["online"] = router(hist, online=True) if hist is not None else out["frozen"]
+      out["online_recent"] = (router(hist, online=True, recent_rows=self.s.recent_rows)
+                              if hist is not None else out["frozen"])
     return out
 
   def _baseline_arms(self, esys, env, tsys, multi: dict, single: dict, seed: int) -> dict:
@@ -390,16 +432,18 @@ class DriftRunner:
           env, single_round.routed_policy(esys.space, llm_of), queries, seed=seed))
     return out
 
-  def _reference_arms(self, esys, env, seed: int) -> dict:
-    """The DP optimum of the pool at each query, and every single LLM of the evaluated pool."""
+  def _reference_arms(self, esys, env, seed: int) -> tuple[list, dict]:
+    """(the DP optimum's final states, the pool at each query; the rewards of every single LLM
+    of the evaluated pool)."""
     queries = esys.test_queries
     solver = optimal.OptimalSolver(esys.world, esys.space, esys.mdp_cfg, env.alpha, esys.describe)
-    out = {"optimum": per_query_rewards(esys, env, policies.run_policy(
-        env, policies.oracle_policy(optimal.OraclePolicy(solver)), queries, seed=seed))}
+    best = policies.run_policy(env, policies.oracle_policy(optimal.OraclePolicy(solver)), queries,
+                               seed=seed)
+    out = {}
     for m in esys.space.llms:
       out[f"single:{m}"] = per_query_rewards(esys, env, policies.run_policy(
           env, policies.single_llm_policy(esys.space, m), queries, seed=seed))
-    return out
+    return best, out
 
 
 # ---- report ---------------------------------------------------------------------------------------
@@ -440,7 +484,10 @@ def summarize(cells: list[dict]) -> dict:
       if label not in ("retrained", "optimum"):
         ev[label]["recovery"] = ci95([recovery(x, c["rewards"]["retrained"], t, after, w)
                                       for x, c in zip(r, cs)])
+      if all(label in c.get("event_llm_share", {}) for c in cs):
+        ev[label]["share"] = [ci95([c["event_llm_share"][label][j] for c in cs]) for j in (0, 1)]
     out[kind] = dict(arms=ev, best=best, t=t, window=w, after=after,
+                     event_llm=cs[0].get("event_llm"),
                      seeds=sorted(c["seed"] for c in cs), n_test=cs[0]["n_test"],
                      alpha=cs[0]["alpha"], overrides=cs[0]["eval_overrides"])
   return out
@@ -490,16 +537,20 @@ def markdown(cells: list[dict], figure: str | None) -> str:
          "and no-history memory; retrained on the changed pool (the reference). multi:router_r1 "
          "(Router-R1-style) and multi:knn (KNN-multiround) are fitted on the pre-event pool, as "
          "are the single-round routers; the best single LLM and the best single-round router are "
-         "chosen on their post-event reward (after the fact), the arm chosen in brackets."]
+         "chosen on their post-event reward (after the fact), the arm chosen in brackets. "
+         "online_recent: online memory in a recency window (the newest rows only). Share: the "
+         "fraction of the arm's calls made with the event's LLM, before / after the event."]
   if figure:
     out += ["", f"![drift]({figure})"]
   for kind, ev in summary.items():
     out += ["", f"### {kind} ({', '.join(f'{k}={v}' for k, v in ev['overrides'].items())})", "",
-            "| arm | before the event | after the event | recovery |", "|---|---|---|---|"]
+            f"| arm | before the event | after the event | recovery | share of calls on "
+            f"{ev['event_llm'] or 'the event LLM'} |", "|---|---|---|---|---|"]
     for a, d in ev["arms"].items():
       rec = _ci(d["recovery"]) if "recovery" in d else "-"
+      share = (" / ".join(f"{x[0]:.2f}" for x in d["share"]) if "share" in d else "-")
       name = f"{a} [{ev['best'][a]}]" if a in ev["best"] else a
-      out.append(f"| {name} | {_ci(d['pre'])} | {_ci(d['post'])} | {rec} |")
+      out.append(f"| {name} | {_ci(d['pre'])} | {_ci(d['post'])} | {rec} | {share} |")
   return "\n".join(out) + "\n"
 
 

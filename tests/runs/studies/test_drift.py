@@ -76,12 +76,17 @@ def _cell(kind, seed, shift, old=False):
   rewards = dict(online=base - shift * after, frozen=base - 0.2 * after,
                  no_history=base - 0.3 * after, retrained=np.full(n, 0.4),
                  optimum=np.full(n, 0.8), **{"single:a": np.full(n, 0.1), "single:b": np.full(n, 0.3)})
-  if not old:   # the arms added with the baselines
+  extra = {}
+  if not old:   # the arms added with the baselines and the recency window
     rewards.update({"multi:router_r1": base - 0.5 * after, "multi:knn": np.full(n, 0.2),
-                    "router:best_single": np.full(n, 0.3), "router:knn": base - 0.1 * after})
+                    "router:best_single": np.full(n, 0.3), "router:knn": base - 0.1 * after,
+                    "online_recent": base - 0.15 * after})
+    extra = dict(event_llm="a", event_llm_share={
+        a: [0.5, 0.1 + seed * 0.2] for a in ("online", "online_recent", "frozen", "no_history",
+                                             "retrained", "optimum")})
   return dict(study="drift", variant=kind, seed=seed, alpha=0.5, t=t, window=2, recovery_after=2,
               n_test=n, eval_overrides={"data.sim_events.fail.llm": "a"},
-              rewards={k: v.tolist() for k, v in rewards.items()})
+              rewards={k: v.tolist() for k, v in rewards.items()}, **extra)
 
 
 def _write(root, cells):
@@ -107,9 +112,12 @@ def test_summary_and_report(tmp_path):
   assert s["arms"][drift.BEST_ROUTER]["post"][0] == pytest.approx(0.4)
   assert s["arms"][drift.BEST_SINGLE]["recovery"][0] == pytest.approx(0.75)
   assert "recovery" not in s["arms"]["optimum"] and "recovery" not in s["arms"]["retrained"]
+  assert s["arms"]["online"]["share"][1][0] == pytest.approx(0.2)   # mean over the two seeds
+  assert "share" not in s["arms"]["multi:knn"] and s["event_llm"] == "a"
   _write(tmp_path, cells)
   out = drift.write_report(tmp_path)
   text = out.read_text()
+  assert "| share of calls on a |" in text and "| 0.50 / 0.20 |" in text
   assert "| online | 0.500 ± 0.000 | 0.300 ± " in text and (tmp_path / "report.png").stat().st_size
   assert "| multi:router_r1 | 0.500 ± 0.000 | 0.000 ± 0.000 | 0.000 ± 0.000 |" in text
   assert "| best single-round router (after the fact) [router:knn] | 0.500 ± 0.000 | 0.400 ± " in text
@@ -134,10 +142,10 @@ def test_cells_without_the_baseline_arms_are_refused(tmp_path):
   old = tmp_path / "old"
   _write(old, [_cell("fail", 0, 0.1, old=True), _cell("fail", 1, 0.3)])
   for call in (lambda: drift.load_cells(old), lambda: drift.summarize([_cell("fail", 0, 0, True)])):
-    with pytest.raises(errors.DataError, match="no multi:router_r1, multi:knn arm"):
+    with pytest.raises(errors.DataError, match="no online_recent, multi:router_r1, multi:knn arm"):
       call()
   c = study_config.get_config("test")
-  with pytest.raises(errors.DataError, match="fail_seed0/cell.json has no multi:router_r1"):
+  with pytest.raises(errors.DataError, match="fail_seed0/cell.json has no online_recent, multi:router_r1"):
     drift.DriftRunner(c, old, verbose=False).run([0])
   assert not (old / "config.json").exists() and not (old / "train").exists()
   env = dict(os.environ, JAX_PLATFORMS="cpu")
@@ -146,7 +154,7 @@ def test_cells_without_the_baseline_arms_are_refused(tmp_path):
                        cwd=REPO, capture_output=True, text=True, env=env, timeout=300)
   lines = [l for l in (out.stdout + out.stderr).splitlines() if l.strip()]
   assert out.returncode == 2, out.stderr[-2000:]
-  assert lines[-1].startswith("error: ") and "has no multi:router_r1" in lines[-1]
+  assert lines[-1].startswith("error: ") and "has no online_recent, multi:router_r1" in lines[-1]
   assert sum(l.startswith("error: ") for l in lines) == 1
   assert not (old / "config.json").exists()
 
@@ -215,13 +223,23 @@ def test_tiny_study_every_arm_a_failing_llm_and_resume(tmp_path, capsys):
       for name in ("router:best_single", f"single:{c.study.drift_llm}"):
         assert r[name][:4].mean() > 0.05 and np.all(r[name][4:] <= 1e-9), (name, r[name])
       assert r["optimum"][4:].mean() > 0.05
-    else:
-      assert len(cell["llms"]) == 4 and cell["llms"][-1] == c.study.drift_join_llm
+      # the optimum never calls the failed LLM after t
+      assert cell["event_llm_share"]["optimum"][1] == 0.0
+    else:   # the join LLM is in the configured pool: the router meeting it was trained without it
+      join = c.study.drift_join_llm
+      assert join in cell["llms"] and len(cell["llms"]) == 3 and cell["event_llm"] == join
+      assert join not in cell["pre_event_overrides"]["llms"].split(",")
+      shares = cell["event_llm_share"]
+      assert set(shares) == {"online", "online_recent", "frozen", "no_history", "retrained",
+                             "optimum"}
+      assert all(v[0] == 0.0 for v in shares.values())   # masked before the event
+      assert shares["optimum"][1] > 0.0
   summary = drift.summarize(drift.load_cells(work))
   assert set(summary["fail"]["arms"]) == set(drift.ARMS) | {drift.BEST_SINGLE, drift.BEST_ROUTER}
   assert "multi:knn" in capsys.readouterr().err
   again = drift.DriftRunner(c, work, verbose=False).run([0])
   assert again["ran"] == [] and len(again["skipped"]) == 2
+  assert "| share of calls on" in drift.markdown(drift.load_cells(work), None)
 def test_settings_validate():
   c = study_config.get_config("test")
   s = drift.settings(c)
@@ -230,13 +248,23 @@ def test_settings_validate():
   kw = drift.multi_kwargs(c)
   assert (kw["r1_episodes"], kw["r1_batch"], kw["knn_k"]) == (32, 16, 10)
   assert kw["r1_ppo"].clip_eps == c.ppo.clip_eps and kw["r1_ppo"].learning_rate == 1e-3
-  ev, re = drift.event_overrides("join", s, c)
-  assert ev["llms"].endswith("," + s.join_llm) and re["data.sim_events.join.t"] == 0
+  ev, re = drift.event_overrides("join", s, c)   # the join LLM is in the configured pool
+  pool = system_lib.select_llms(drift._catalog(c), c.llms)
+  assert s.join_llm in pool and ev["llms"] == ",".join(pool) and re["data.sim_events.join.t"] == 0
+  assert drift.pre_event_overrides("join", s, c) == {
+      "llms": ",".join(m for m in pool if m != s.join_llm)}
+  assert drift.pre_event_overrides("fail", s, c) == {}
+  c.study.drift_join_llm = "mistral-nemo-12b-instruct"   # an LLM new to the configured pool
+  s2 = drift.settings(c)
+  ev, _ = drift.event_overrides("join", s2, c)
+  assert ev["llms"] == ",".join(pool + [s2.join_llm])
+  assert drift.pre_event_overrides("join", s2, c) == {}
   assert ev["data.sim_events.splits"] == "test" and re["data.sim_events.splits"] == "train"
   for field, value, match in [("drift_t", 0, "inside the test stream"),
                               ("drift_recovery_after", 20, "must fit"),
                               ("drift_events", "quake", "drift event"),
-                              ("drift_join_llm", "qwen2.5-7b-instruct", "in the training pool"),
+                              ("drift_join_llm", "gpt-9", "unknown drift_join_llm"),
+                              ("drift_recent_rows", 0, "drift_recent_rows"),
                               ("drift_routers", "knn,oracle", "unknown router"),
                               ("drift_router_llm", "gpt-5", "unknown router LLM"),
                               ("drift_r1_batch", 3, "not a multiple")]:
