@@ -23,7 +23,14 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.study = ml_collections.ConfigDict()
   c.study.seeds = "0,1" if arg == "" else "0"   # seeds (data, init, sampling)
   c.study.routers = "knn,mlp,routerdc,graph" if arg == "" else "knn,mlp"   # unseen-task baselines
-  c.study.few_shot = 50            # episodes of the few-shot new-role variant
+  c.study.few_shot = 50            # episodes of the few-shot new-role variants (per round)
+  c.study.few_shot_rounds = 8      # rounds of pestv_few_shot_rounds (each: few_shot new episodes,
+                                   # one PPO update; Adam state carried)
+  # Unseen LLMs: held out of training, added at evaluation as hubs from their description. By
+  # default the LLM the optimum relies on (0.71 of its calls on the 12-LLM pool, 100 test queries;
+  # every other LLM <= 0.10; docs/memory.md), so the test can tell whether the router uses it.
+  c.study.unseen_llms = "qwen2.5-7b-instruct"
+  c.study.served = 50              # served episodes whose calls join the history (unseen_llms_served)
   # The roles study's DP optimum with Thinker and Verifier grows as K^3 in the pool size K (verifier
   # x summarizer x final executor per planner); on a CPU it uses a 5-LLM pool and 150 test queries.
   c.study.roles_llms = ("" if arg == "test" else

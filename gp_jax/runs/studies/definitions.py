@@ -4,18 +4,25 @@ phases     Phase 1 (user-defined workflow, the router picks only the LLM of each
            Depth=1/Width=3 and Depth=2/Width=2) vs Phase 2 (the router builds the workflow).
            Each phase is compared with its own DP optimum.
 unseen     Unseen tasks: trained on the seen tasks, tested on LogicGrid, MGSM and CommonGen
-           (single-round routers fitted on the same training queries alongside). Unseen LLMs: the
-           router trained on the 9 training LLMs is evaluated with the 3 held-out LLMs added as new
-           hubs (built from their description embeddings), without retraining; the same router on
-           the 9-LLM pool is the reference.
+           (single-round routers fitted on the same training queries alongside). Unseen LLMs
+           (config.study.unseen_llms, by default the LLM the optimum calls most): the router
+           trained without them (train_llms) is evaluated with them added as new hubs built from
+           their description, with zero history on them (unseen_llms), after a few served
+           episodes whose calls join the history (unseen_llms_served, weights frozen), after the
+           same episodes drive one PPO update (unseen_llms_few_shot), and against the router
+           trained with them (unseen_llms_retrained). Each cell records the share of the
+           optimum's and the router's calls made with the held-out LLMs.
 ablations  Inductive vs transductive inference (the transductive router evaluated with an empty
            history), no history (trained and evaluated without), and the encoder and history
            variants of gp_jax/graph/garnet.py (homogeneous, GAT, graph transformer, history as a
            text summary, history by retrieval with k=5).
 roles      Thinker and Verifier (paper App. E), on the pool config.study.roles_llms (the DP optimum
            with five roles costs K^3 in the pool size): trained with them; zero-shot (router trained on
-           Planner/Executor/Summarizer, new role hubs added at test time); few-shot (zero-shot plus
-           50 episodes with the new hubs in the history and one PPO update on them).
+           Planner/Executor/Summarizer, new role hubs added at test time); few-shot recipes
+           (zero-shot plus config.study.few_shot episodes with the new hubs): history only, no
+           update (pestv_served); one PPO update (pestv_few_shot, the original recipe); and
+           config.study.few_shot_rounds rounds of fresh episodes, each driving one update
+           (pestv_few_shot_rounds).
 """
 from __future__ import annotations
 
@@ -43,13 +50,44 @@ def with_held_out(config) -> str:
   return ",".join(names + [m.name for m in full.llms if m.held_out and m.name not in names])
 
 
+def _catalog(config):
+  return catalog_lib.load_catalog(config.catalog_file or catalog_lib.DEFAULT_POOL_FILE)
+
+
+def held_out_pools(config) -> tuple[str, str, tuple[str, ...]]:
+  """(training pool without the unseen LLMs, evaluation pool with them, the unseen LLMs) as
+  comma lists and a tuple, for config.study.unseen_llms: LLMs of config.llms are taken out of
+  training; other catalog LLMs are added at evaluation."""
+  full = _catalog(config)
+  pool = system_lib.select_llms(full, config.llms)
+  held = tuple(m.strip() for m in str(config.study.unseen_llms).split(",") if m.strip())
+  for m in held:
+    if m not in full.names:
+      raise errors.unknown_name("unseen LLM (config.study.unseen_llms)", m, full.names)
+  train = [m for m in pool if m not in held]
+  if not held or not train:
+    raise errors.ConfigError("config.study.unseen_llms must name at least one LLM and leave at "
+                             f"least one of config.llms for training; got {held}")
+  return ",".join(train), ",".join(pool + [m for m in held if m not in pool]), held
+
+
 def unseen(config) -> list[Variant]:
   routers = tuple(r.strip() for r in str(config.study.routers).split(",") if r.strip())
+  train, full, held = held_out_pools(config)
+  served = int(config.study.served)
+  without, new = {"llms": train}, {"llms": full}
   return [
       Variant("seen_tasks", routers=routers),
       Variant("unseen_tasks", evaluate={"data.test_tasks": "unseen"}, routers=routers),
-      Variant("train_llms"),
-      Variant("unseen_llms", evaluate={"llms": with_held_out(config)}),
+      Variant("train_llms", train=without),
+      Variant("unseen_llms", train=without, evaluate=new, held_out=held),
+      Variant("unseen_llms_served", train=without, evaluate=new, held_out=held,
+              few_shot=served, few_shot_updates=0),
+      Variant("unseen_llms_few_shot", train=without, evaluate=new, held_out=held,
+              few_shot=served),
+      # trained with them: the plain run when they are in config.llms (shared with seen_tasks)
+      Variant("unseen_llms_retrained", train={} if full == ",".join(
+          system_lib.select_llms(_catalog(config), config.llms)) else new, held_out=held),
   ]
 
 
@@ -82,7 +120,10 @@ def roles(config) -> list[Variant]:
       Variant("pes_trained", train=base),
       Variant("pestv_trained", train={**base, **new}),
       Variant("pestv_zero_shot", train=base, evaluate=new),
+      Variant("pestv_served", train=base, evaluate=new, few_shot=few, few_shot_updates=0),
       Variant("pestv_few_shot", train=base, evaluate=new, few_shot=few),
+      Variant("pestv_few_shot_rounds", train=base, evaluate=new, few_shot=few,
+              few_shot_rounds=int(config.study.few_shot_rounds)),
   ]
 
 

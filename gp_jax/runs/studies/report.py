@@ -87,11 +87,15 @@ def summarize_study(cells: list[dict]) -> tuple[list[dict], dict]:
         vals[f"role:{role}"].append(s)
       vals["held_out_share"].append(sum(s for m, s in shares.get("llm", {}).items()
                                         if m in _held_out_names(c)))
+      if c.get("held_out_share"):
+        vals["optimum_held_out_share"].append(c["held_out_share"]["optimum"])
     variants.append(dict(name=name, seeds=[c["seed"] for c in cs],
                          stats={k: _stats(v) for k, v in vals.items()},
                          train_overrides=cs[0].get("train_overrides", {}),
                          eval_overrides=cs[0].get("eval_overrides", {}),
                          history=cs[0].get("history"), few_shot=cs[0].get("few_shot", 0),
+                         few_shot_updates=cs[0].get("few_shot_updates", 1),
+                         few_shot_rounds=cs[0].get("few_shot_rounds", 1),
                          seconds=float(np.mean([c["seconds"] for c in cs])),
                          train_seconds=float(np.mean([c["train"]["seconds"] for c in cs]))))
     key = json.dumps([cs[0].get("eval_overrides", {}),
@@ -108,6 +112,9 @@ def summarize_study(cells: list[dict]) -> tuple[list[dict], dict]:
 
 
 def _held_out_names(cell) -> set:
+  """The cell's held-out LLMs: its variant's (config.study.unseen_llms), else the catalog's."""
+  if cell.get("held_out"):
+    return set(cell["held_out"]) & set(cell["llms"])
   from gp_jax.llm import catalog as catalog_lib
   full = catalog_lib.load_catalog()
   return {m.name for m in full.llms if m.held_out} & set(cell["llms"])
@@ -163,6 +170,13 @@ def _demote(md: str) -> str:
   return "\n".join("#" + line if line.startswith("#") else line for line in md.split("\n"))
 
 
+def _few_shot(v: dict) -> str:
+  rounds, updates = v["few_shot_rounds"], v["few_shot_updates"]
+  return (f"few-shot {v['few_shot']} episodes" + (f" x {rounds} rounds" if rounds > 1 else "") +
+          (", history only" if not updates else
+           f", {updates} update{'s' if updates > 1 else ''} per round"))
+
+
 def study_markdown(name: str, cells: list[dict], figure: str | None) -> str:
   variants, refs = summarize_study(cells)
   c0 = cells[0]
@@ -171,7 +185,9 @@ def study_markdown(name: str, cells: list[dict], figure: str | None) -> str:
          f"{sorted({c['seed'] for c in cells})}; routers trained for "
          f"{'/'.join(str(e) for e in sorted({c['train']['episodes'] for c in cells}))} episodes. "
          "Mean ± std over seeds (sample std). Reward / optimum divides by the DP optimum of the "
-         "variant's own evaluation system; 'train s' is rollout + update time of its training run."]
+         "variant's own evaluation system; 'train s' is rollout + update time of its training run. "
+         "Held-out LLM share: the share of the router's calls made with the held-out (unseen) "
+         "LLMs, and after the slash the optimum's share where the cell measured it."]
   if figure:
     out += ["", f"![{name}]({figure})"]
   out += ["", "| variant | E[acc] | cost (m$) | reward | reward / optimum | best single LLM | "
@@ -181,11 +197,13 @@ def study_markdown(name: str, cells: list[dict], figure: str | None) -> str:
     what = ", ".join([f"train {k}={_short(val)}" for k, val in v["train_overrides"].items()] +
                      [f"eval {k}={_short(val)}" for k, val in v["eval_overrides"].items()] +
                      (["empty history at test"] if v["history"] == "none" else []) +
-                     ([f"few-shot {v['few_shot']} episodes"] if v["few_shot"] else [])) or "default"
+                     ([_few_shot(v)] if v["few_shot"] else [])) or "default"
+    opt_share = (f" / {s['optimum_held_out_share'][0]:.3f}"
+                 if "optimum_held_out_share" in s else "")
     out.append(f"| {v['name']} | {_pm(s['exp_accuracy'])} | {_pm(s['cost'])} | {_pm(s['reward'])} | "
                f"{_pm(s['ratio']) if 'ratio' in s else '-'} | "
                f"{_pm(s['best_single']) if 'best_single' in s else '-'} | {s['calls'][0]:.2f} | "
-               f"{s['held_out_share'][0]:.3f} | {v['train_seconds']:.0f} | {what} |")
+               f"{s['held_out_share'][0]:.3f}{opt_share} | {v['train_seconds']:.0f} | {what} |")
   role_keys = sorted({k for v in variants for k in v["stats"] if k.startswith("role:")})
   if role_keys:
     out += ["", "Share of calls per role:", "",

@@ -9,7 +9,7 @@ seed and variant the runner
      is size-agnostic in the number of (role, LLM) hubs, and the history memory's hub ids are
      remapped by (role, LLM) name;
   3. optionally adds few-shot episodes of the evaluation system (sampled policy) to the history
-     and applies one PPO update on them (fresh Adam state);
+     and applies PPO updates on them (fresh Adam state; see few_shot_update for the recipes);
   4. evaluates the greedy router on the evaluation system's test queries, and, once per
      (evaluation system, seed), the reference policies (random, every single LLM, the DP optimum,
      optionally single-round routers fitted on the training queries);
@@ -41,7 +41,9 @@ from gp_jax.runs import learner as learner_cfg
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
+from gp_jax.sim import optimal
 from gp_jax.util import aio
+from gp_jax.workflow import policies
 
 CELL_FILE = "cell.json"
 ROUTER = "GraphPlanner"
@@ -57,15 +59,22 @@ class Variant:
     evaluate: dotted config overrides of the evaluation system (on top of the training config).
     history: "trained" (what the trained mode uses) or "none" (evaluate with an empty history).
     few_shot: training queries of the evaluation system run with the sampled router before
-      evaluation; their calls join the history and drive one PPO update.
+      evaluation, per round; their calls join the history and drive `few_shot_updates` PPO
+      updates per round (0: history only, the weights untouched).
+    few_shot_updates, few_shot_rounds: the few-shot recipe (few_shot_update).
     routers: single-round routers fitted on the training queries and evaluated next to it.
+    held_out: LLMs new at evaluation; the cell records the share of the optimum's and the
+      router's calls made with them.
   """
   name: str
   train: dict = dataclasses.field(default_factory=dict)
   evaluate: dict = dataclasses.field(default_factory=dict)
   history: str = "trained"
   few_shot: int = 0
+  few_shot_updates: int = 1
+  few_shot_rounds: int = 1
   routers: tuple = ()
+  held_out: tuple = ()
 
 
 def apply_overrides(config, overrides: dict):
@@ -123,26 +132,45 @@ def _history_for(config, history):
   return None if config.model.history == "inductive" else history
 
 
-def few_shot_update(config, system, model, params, history, n: int, seed: int):
-  """Runs n training queries of `system` with the sampled router; their calls join `history`
-  (when it is not None) and one PPO update (fresh Adam state) is applied. Returns new params."""
-  queries = system.train_queries[:n]
+def few_shot_update(config, system, model, params, history, n: int, seed: int, *,
+                    updates: int = 1, rounds: int = 1):
+  """The few-shot recipe: `rounds` times, n new training queries of `system` run with the
+  sampled router (current weights); their calls join `history` (when it is not None) and
+  `updates` PPO updates are applied on them. The Adam state starts fresh and is carried across
+  rounds and updates. updates=0: history only. Returns the new params.
+
+  rounds=1, updates=1 is the roles study's original recipe (50 episodes, one update). With one
+  round, n may exceed the training queries (all of them run)."""
+  chunks = [system.train_queries[r * n:(r + 1) * n] for r in range(max(rounds, 0))]
+  if n < 1 or updates < 0 or rounds < 1 or (rounds > 1 and len(chunks[-1]) < n):
+    raise errors.ConfigError(f"few-shot recipe: need n >= 1, updates >= 0, rounds >= 1 and, "
+                             f"with several rounds, n * rounds <= {len(system.train_queries)} "
+                             f"training queries; got n={n}, updates={updates}, rounds={rounds}")
   runner = rollout.PolicyRunner(model, system.featurizer.hub_features, int(config.train.parallel))
-  runner.set_params(params, history)
   env = system.env(float(config.alpha), reward=config.train.get("reward", "sampled"))
-  episodes = aio.run(rollout.run_episodes(
-      env, system.featurizer, runner, queries, key=jax.random.PRNGKey(seed + 7), greedy=False,
-      history=history, grow_history=history is not None, seed_salt=("few-shot", seed)))
   p = config.ppo
   optimizer = learner_cfg.make_optimizer(config)
-  update, batch_size = learner_cfg.make_update(config, system, model, optimizer, len(queries))
-  batch, hist_inputs = batch_lib.build_batch(episodes, history, gamma=p.gamma,
-                                             batch_size=batch_size, num_episodes=len(queries),
-                                             max_calls=learner_cfg.max_calls(system),
-                                             num_hubs=system.space.size)
+  update, batch_size = learner_cfg.make_update(config, system, model, optimizer, len(chunks[0]))
+  params = jax.tree_util.tree_map(jnp.copy, params)   # the update donates its state's buffers
   state = ppo.TrainingState(params=params, opt_state=optimizer.init(params),
                             rng=jax.random.PRNGKey(seed), update_step=jnp.zeros((), jnp.int32))
-  state, _ = update(state, jnp.asarray(system.featurizer.hub_features), hist_inputs, batch)
+  for r in range(rounds):
+    runner.set_params(state.params, history)
+    key = jax.random.PRNGKey(seed + 7)
+    episodes = aio.run(rollout.run_episodes(
+        env, system.featurizer, runner, chunks[r],
+        key=key if r == 0 else jax.random.fold_in(key, r), greedy=False, history=history,
+        grow_history=history is not None,
+        seed_salt=("few-shot", seed) if r == 0 else ("few-shot", seed, r)))
+    if not updates:
+      continue
+    batch, hist_inputs = batch_lib.build_batch(episodes, history, gamma=p.gamma,
+                                               batch_size=batch_size,
+                                               num_episodes=len(chunks[r]),
+                                               max_calls=learner_cfg.max_calls(system),
+                                               num_hubs=system.space.size)
+    for _ in range(updates):
+      state, _ = update(state, jnp.asarray(system.featurizer.hub_features), hist_inputs, batch)
   return state.params
 
 
@@ -250,7 +278,8 @@ class StudyRunner:
       hist = None
     t_eval = time.time()
     if v.few_shot:
-      params = few_shot_update(ecfg, esys, model, params, hist, int(v.few_shot), seed)
+      params = few_shot_update(ecfg, esys, model, params, hist, int(v.few_shot), seed,
+                               updates=int(v.few_shot_updates), rounds=int(v.few_shot_rounds))
     alpha = float(tcfg.alpha)
     env = esys.env(alpha)
     states = evaluation.run_router(esys, env, model, params, hist, esys.test_queries,
@@ -261,10 +290,34 @@ class StudyRunner:
     return dict(study=self.study, variant=v.name, seed=seed, alpha=alpha,
                 simulated=esys.simulated, train_overrides=v.train,
                 eval_overrides=v.evaluate, history=v.history, few_shot=v.few_shot,
+                few_shot_updates=v.few_shot_updates, few_shot_rounds=v.few_shot_rounds,
+                held_out=list(v.held_out),
+                held_out_share=self._held_out_share(esys, states, v, seed, alpha),
                 llms=list(esys.space.llms), roles=[r.name for r in esys.space.roles.roles],
                 n_test=len(esys.test_queries), shares=action_shares(esys, states),
                 train=dict(episodes=summary["episodes"], seconds=_train_seconds(tdir)),
                 eval_seconds=time.time() - t_eval, seconds=time.time() - t0, rows=rows)
+
+  def _held_out_share(self, esys, states, v: Variant, seed: int, alpha: float) -> dict | None:
+    """{router, optimum}: share of each one's calls made with the variant's held-out LLMs (the
+    optimum's run cached per evaluation system and seed); None without held-out LLMs."""
+    if not v.held_out:
+      return None
+    unknown = [m for m in v.held_out if m not in esys.space.llms]
+    if unknown:
+      raise errors.ConfigError(f"variant {v.name}: held-out LLMs {unknown} are not in its "
+                               "evaluation pool")
+    key = ("optimum_shares", tuple(esys.space.llms), seed)
+    if key not in self._systems:
+      env = esys.env(alpha)
+      solver = optimal.OptimalSolver(esys.world, esys.space, esys.mdp_cfg, env.alpha,
+                                     esys.describe)
+      self._systems[key] = action_shares(esys, policies.run_policy(
+          env, policies.oracle_policy(optimal.OraclePolicy(solver)), esys.test_queries,
+          seed=seed))["llm"]
+    router = action_shares(esys, states)["llm"]
+    return dict(router=sum(router.get(m, 0.0) for m in v.held_out),
+                optimum=sum(self._systems[key].get(m, 0.0) for m in v.held_out))
 
   def _reference(self, ecfg, esys, tsys, v: Variant, seed: int, alpha: float) -> list[dict]:
     """Random, single-LLM and optimum rows of an evaluation system (cached per system and seed),

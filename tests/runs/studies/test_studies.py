@@ -62,9 +62,23 @@ def test_every_study_definition_builds():
     assert len({v.name for v in vs}) == len(vs) >= 3
   roles = {v.name: v for v in definitions.variants("roles", c)}
   assert roles["pestv_trained"].train["mdp.step_cap"] >= 19   # room for thinker + verifier calls
+  assert [v.few_shot_updates for v in roles.values() if v.few_shot] == [0, 1, 1]
+  assert roles["pestv_few_shot_rounds"].few_shot_rounds == c.study.few_shot_rounds > 1
   unseen = {v.name: v for v in definitions.variants("unseen", c)}
-  llms = unseen["unseen_llms"].evaluate["llms"].split(",")
-  assert llms[:3] == c.llms.split(",") and len(llms) == 6      # the three held-out LLMs added
+  held = c.study.unseen_llms
+  assert held in c.llms.split(",")                  # by default an LLM of the pool is held out
+  for name in ("train_llms", "unseen_llms", "unseen_llms_served", "unseen_llms_few_shot"):
+    assert unseen[name].train["llms"].split(",") == [m for m in c.llms.split(",") if m != held]
+  assert unseen["unseen_llms"].evaluate["llms"] == c.llms     # added back at evaluation
+  assert unseen["unseen_llms_retrained"].train == {}           # the plain run, shared
+  assert unseen["unseen_llms_served"].few_shot_updates == 0 and unseen["unseen_llms"].held_out == (held,)
+  c.study.unseen_llms = "mistral-nemo-12b-instruct"             # a catalog LLM new to the pool
+  train, full, _ = definitions.held_out_pools(c)
+  assert train == c.llms and full == c.llms + ",mistral-nemo-12b-instruct"
+  for bad, match in [("gpt-9", "unknown unseen LLM"), ("", "at least one"), (c.llms, "at least one")]:
+    c.study.unseen_llms = bad
+    with pytest.raises(errors.ConfigError, match=match):
+      definitions.variants("unseen", c)
 
 
 def test_tiny_study_end_to_end_resumes_and_reports(tmp_path, capsys):
@@ -72,8 +86,10 @@ def test_tiny_study_end_to_end_resumes_and_reports(tmp_path, capsys):
   c.train.episodes = 16
   c.data.n_test = 12
   held = definitions.with_held_out(c)
+  new = tuple(held.split(",")[3:])
   variants = [runner.Variant("base"), runner.Variant("empty_history", history="none"),
-              runner.Variant("more_llms", evaluate={"llms": held})]
+              runner.Variant("more_llms", evaluate={"llms": held}, held_out=new,
+                             few_shot=4, few_shot_rounds=2)]
   work = tmp_path / "studies" / "toy"
   res = runner.StudyRunner(c, work, "toy", variants, verbose=True).run([0])
   assert len(res["ran"]) == 3
@@ -92,6 +108,11 @@ def test_tiny_study_end_to_end_resumes_and_reports(tmp_path, capsys):
   assert "GraphPlanner[more_llms]" in rows and "optimum (DP)" in rows
   assert len(cells["more_llms"]["llms"]) == 6 and rows["GraphPlanner[more_llms]"]["n"] == 12
   assert sum(cells["base"]["shares"]["llm"].values()) == pytest.approx(1.0)
+  share = cells["more_llms"]["held_out_share"]      # shares of calls on the three new LLMs
+  assert share["router"] == pytest.approx(sum(cells["more_llms"]["shares"]["llm"].get(m, 0.0)
+                                              for m in new))
+  assert 0.0 <= share["optimum"] <= 1.0 and cells["base"]["held_out_share"] is None
+  assert cells["more_llms"]["few_shot_rounds"] == 2
   again = runner.StudyRunner(c, work, "toy", variants, verbose=False).run([0])
   assert again["ran"] == [] and len(again["skipped"]) == 3
   out = report.write_full_report(tmp_path, tmp_path / "report.md")
@@ -108,3 +129,37 @@ def test_report_runner_errors_exit_2(tmp_path):
                       "--config=experiments/configs/study.py:test", f"--workdir={tmp_path}/s"],
                      capture_output=True, text=True, timeout=120)
   assert p.returncode == 2 and "unknown study 'nope'" in p.stderr
+
+
+def test_few_shot_recipes():
+  """History only leaves the weights alone and grows the history by the served episodes' calls;
+  one round with one update is the original recipe; more rounds and updates move the weights
+  further; impossible recipes are config errors."""
+  import jax
+  import numpy as np
+  from gp_jax.graph import history as history_lib
+  from gp_jax.rl import train as train_lib
+  from gp_jax.runs import learner as learner_cfg
+  from gp_jax.runs import system as system_lib
+  from gp_jax.runs import train as training
+  c = study_config.get_config("test")
+  sysm = system_lib.build(c)
+  model = training.make_model(c, sysm.featurizer.spec)
+  params = train_lib.init_state(model, sysm.featurizer, learner_cfg.make_optimizer(c), 0).params
+
+  def run(**kw):
+    h = history_lib.HistoryMemory(sysm.featurizer.spec.row_dim, sysm.space.size, capacity=10_000)
+    out = runner.few_shot_update(c, sysm, model, params, h, 4, 0, **kw)
+    return out, len(h)
+
+  def moved(p):
+    return max(float(np.abs(np.asarray(a) - np.asarray(b)).max())
+               for a, b in zip(jax.tree_util.tree_leaves(p), jax.tree_util.tree_leaves(params)))
+  p0, n0 = run(updates=0)
+  p1, n1 = run()
+  p3, n3 = run(rounds=3)
+  assert moved(p0) == 0.0 and n0 == n1 > 0 and n3 > n1
+  assert moved(p1) > 0 and moved(p3) > moved(p1)
+  for kw in (dict(updates=-1), dict(rounds=0), dict(rounds=100)):
+    with pytest.raises(errors.ConfigError, match="few-shot recipe"):
+      run(**kw)
