@@ -525,10 +525,10 @@ def plot(summary: dict, path: pathlib.Path) -> None:
   plt.close(fig)
 
 
-def markdown(cells: list[dict], figure: str | None) -> str:
+def markdown(cells: list[dict], figure: str | None, title: str | None = None) -> str:
   summary = summarize(cells)
   first = next(iter(summary.values()))
-  out = [f"## {TITLE}", "",
+  out = [f"## {title or TITLE}", "",
          f"Alpha = {first['alpha']:g}; {first['n_test']} test queries per seed, the event at query "
          f"{first['t']}; windows of {first['window']} queries; seeds {first['seeds']}. Mean and "
          "95% t-interval over seeds of the mean expected reward per query. Recovery: the mean "

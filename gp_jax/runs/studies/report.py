@@ -247,12 +247,15 @@ def write_full_report(root: str | pathlib.Path, out: str | pathlib.Path) -> path
     d = studies / name
     if not d.is_dir():
       continue
-    if name == drift.STUDY:   # per-query rewards around a pool event: its own summary
+    if name == drift.STUDY or name.startswith(drift.STUDY + "_"):
+      # per-query rewards around a pool event: its own summary (drift_<x>: another drift run,
+      # e.g. with other model settings, titled with its folder name)
       cells = drift.load_cells(d)
       if cells:
         png = out.with_name(f"{stem}_{name}.png")
         drift.plot(drift.summarize(cells), png)
-        parts += ["", drift.markdown(cells, png.name)]
+        parts += ["", drift.markdown(cells, png.name,
+                                     title=None if name == drift.STUDY else f"{drift.TITLE} [{name}]")]
         found = True
       continue
     cells = load_study(d)

@@ -134,6 +134,10 @@ def test_the_combined_report_has_the_drift_section(tmp_path):
   text = out.read_text()
   assert f"## {drift.TITLE}" in text and "| multi:knn | 0.200 ± 0.000 | 0.200 ± 0.000 |" in text
   assert (tmp_path / "report_drift.png").stat().st_size > 1000
+  _write(tmp_path / "studies" / "drift_retrieval", [_cell("fail", 0, 0.2)])   # a second drift run
+  text = report_lib.write_full_report(tmp_path, tmp_path / "report.md").read_text()
+  assert f"## {drift.TITLE} [drift_retrieval]" in text and f"## {drift.TITLE}\n" in text
+  assert (tmp_path / "report_drift_retrieval.png").stat().st_size > 1000
 
 
 def test_cells_without_the_baseline_arms_are_refused(tmp_path):
