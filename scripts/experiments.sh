@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every experiment of the paper on the simulated pool (the alpha sweep, the studies phases, unseen,
-# ablations, roles and drift, the routed Graph Counselor), then one report with figures.
+# ablations, roles and drift (twice: history by mean and by retrieval), the routed Graph Counselor), then one report with figures.
 #   bash scripts/experiments.sh          CPU size: runs/experiments/, report -> docs/report.md
 #   bash scripts/experiments.sh test     CI size:  runs/experiments_test/, report next to it
 # Each runner is resumable: rerunning skips finished cells and resumes interrupted training.
@@ -26,6 +26,12 @@ for study in phases unseen ablations roles drift; do
     --workdir="$root/studies/$study" "$@"
   stamp "study $study"
 done
+# The drift study's second aggregation of the history: per-query retrieval of the k nearest rows
+# (docs/memory.md), on the two events where the pool gets worse.
+python -m experiments.study --study=drift --config="experiments/configs/study.py$suffix" \
+  --workdir="$root/studies/drift_retrieval" --config.model.history=retrieval \
+  --config.study.drift_events=quality_drop,fail "$@"
+stamp "study drift (history by retrieval)"
 python -m experiments.counselor_routed --config="experiments/configs/counselor_routed.py$suffix" \
   --workdir="$root/counselor_routed"
 stamp "routed Graph Counselor"

@@ -75,6 +75,7 @@ ARMS = ("online", "online_recent", "frozen", "no_history", "retrained") + tuple(
 BEST_SINGLE = "best single LLM (after the fact)"
 BEST_ROUTER = "best single-round router (after the fact)"
 ROUTER_PREFIX = "router:"
+BAND_ARMS = ("online", "retrained")    # arms whose 95% band the figure draws
 TITLE = "Drift: the pool changes during evaluation (online memory vs frozen vs retrained)"
 
 
@@ -487,9 +488,26 @@ def summarize(cells: list[dict]) -> dict:
       if all(label in c.get("event_llm_share", {}) for c in cs):
         ev[label]["share"] = [ci95([c["event_llm_share"][label][j] for c in cs]) for j in (0, 1)]
     out[kind] = dict(arms=ev, best=best, t=t, window=w, after=after,
-                     event_llm=cs[0].get("event_llm"),
+                     event_llm=cs[0].get("event_llm"), vs_frozen=vs_frozen(cs, t),
                      seeds=sorted(c["seed"] for c in cs), n_test=cs[0]["n_test"],
                      alpha=cs[0]["alpha"], overrides=cs[0]["eval_overrides"])
+  return out
+
+
+MEMORY_ARMS = ("online", "online_recent", "no_history")   # compared with frozen, paired per seed
+
+
+def vs_frozen(cells: list[dict], t: int) -> dict:
+  """Per memory arm, against the frozen router on the same seed's stream after the event: the
+  paired difference of the post-event means (95% interval over seeds) and the mean number of
+  post-event queries whose reward differs at all (the decisions the memory changed)."""
+  out = {}
+  for a in MEMORY_ARMS:
+    pairs = [(np.asarray(c["rewards"][a][t:], float), np.asarray(c["rewards"]["frozen"][t:], float))
+             for c in cells]
+    out[a] = dict(diff=ci95([x.mean() - f.mean() for x, f in pairs]),
+                  changed=float(np.mean([int((np.abs(x - f) > 1e-12).sum()) for x, f in pairs])),
+                  queries=int(len(pairs[0][0])))
   return out
 
 
@@ -498,7 +516,7 @@ def _ci(c) -> str:
 
 
 def plot(summary: dict, path: pathlib.Path) -> None:
-  """One panel per event: windowed reward since the event per arm, with 95% bands."""
+  """One panel per event: windowed reward since the event per arm (95% bands of BAND_ARMS)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -506,13 +524,19 @@ def plot(summary: dict, path: pathlib.Path) -> None:
   fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 4.2), squeeze=False)
   for ax, kind in zip(axes[0], kinds):
     ev = summary[kind]
+    # The axis follows the means: with few seeds the t-intervals are far wider than the
+    # differences between arms; bands are drawn for BAND_ARMS only (the table has every one).
+    means = np.concatenate([np.asarray(d["curve"]["mean"], float) for d in ev["arms"].values()])
+    lo, hi = float(np.nanmin(means)), float(np.nanmax(means))
+    ax.set_ylim(lo - 0.15 * (hi - lo + 1e-3), hi + 0.15 * (hi - lo + 1e-3))
     for a, d in ev["arms"].items():
       x = np.asarray(d["curve"]["offsets"]) + ev["window"] / 2
       m, h = np.asarray(d["curve"]["mean"]), np.asarray(d["curve"]["half"])
-      style = dict(ls=":", color="k") if a == "optimum" else {}
+      style = (dict(ls=":", color="k") if a == "optimum" else
+               dict(lw=2.2, zorder=5) if a == "online" else {})   # online on top of frozen
       ax.plot(x, m, marker=".", label=a, **style)
-      if not np.isnan(h).all():
-        ax.fill_between(x, m - h, m + h, alpha=0.15, **({"color": "k"} if a == "optimum" else {}))
+      if a in BAND_ARMS and not np.isnan(h).all():
+        ax.fill_between(x, m - h, m + h, alpha=0.12, color=ax.lines[-1].get_color())
     ax.axvline(0, color="grey", lw=0.8)
     chosen = ", ".join(v.split(":", 1)[1] for v in ev.get("best", {}).values())
     ax.set_title(kind + (f"\n(best after the fact: {chosen})" if chosen else ""), fontsize=8)
@@ -538,6 +562,7 @@ def markdown(cells: list[dict], figure: str | None, title: str | None = None) ->
          "(Router-R1-style) and multi:knn (KNN-multiround) are fitted on the pre-event pool, as "
          "are the single-round routers; the best single LLM and the best single-round router are "
          "chosen on their post-event reward (after the fact), the arm chosen in brackets. "
+         "In the figure the shaded bands are the 95% intervals of the online and retrained arms. "
          "online_recent: online memory in a recency window (the newest rows only). Share: the "
          "fraction of the arm's calls made with the event's LLM, before / after the event."]
   if figure:
@@ -551,6 +576,12 @@ def markdown(cells: list[dict], figure: str | None, title: str | None = None) ->
       share = (" / ".join(f"{x[0]:.2f}" for x in d["share"]) if "share" in d else "-")
       name = f"{a} [{ev['best'][a]}]" if a in ev["best"] else a
       out.append(f"| {name} | {_ci(d['pre'])} | {_ci(d['post'])} | {rec} | {share} |")
+    out += ["", "Against the frozen router on the same stream after the event (paired per seed): "
+            "the difference of the post-event means, and the post-event queries (mean over seeds) "
+            "whose reward differs at all.", "",
+            "| arm | minus frozen | queries changed |", "|---|---|---|"]
+    for a, d in ev["vs_frozen"].items():
+      out.append(f"| {a} | {_ci(d['diff'])} | {d['changed']:.1f} of {d['queries']} |")
   return "\n".join(out) + "\n"
 
 

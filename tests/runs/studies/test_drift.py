@@ -113,11 +113,15 @@ def test_summary_and_report(tmp_path):
   assert s["arms"][drift.BEST_SINGLE]["recovery"][0] == pytest.approx(0.75)
   assert "recovery" not in s["arms"]["optimum"] and "recovery" not in s["arms"]["retrained"]
   assert s["arms"]["online"]["share"][1][0] == pytest.approx(0.2)   # mean over the two seeds
+  vs = s["vs_frozen"]      # online = frozen - (shift - 0.2) after t: 0.1 and -0.1 on the two seeds
+  assert vs["online"]["diff"][0] == pytest.approx(0.0) and vs["online"]["changed"] == 4.0
+  assert vs["no_history"]["diff"][0] == pytest.approx(-0.1) and vs["no_history"]["queries"] == 4
   assert "share" not in s["arms"]["multi:knn"] and s["event_llm"] == "a"
   _write(tmp_path, cells)
   out = drift.write_report(tmp_path)
   text = out.read_text()
   assert "| share of calls on a |" in text and "| 0.50 / 0.20 |" in text
+  assert "| no_history | -0.100 ± 0.000 | 4.0 of 4 |" in text
   assert "| online | 0.500 ± 0.000 | 0.300 ± " in text and (tmp_path / "report.png").stat().st_size
   assert "| multi:router_r1 | 0.500 ± 0.000 | 0.000 ± 0.000 | 0.000 ± 0.000 |" in text
   assert "| best single-round router (after the fact) [router:knn] | 0.500 ± 0.000 | 0.400 ± " in text
