@@ -28,9 +28,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                    # one PPO update; Adam state carried)
   # Unseen LLMs: held out of training, added at evaluation as hubs from their description. By
   # default the LLM the optimum relies on (0.71 of its calls on the 12-LLM pool, 100 test queries;
-  # every other LLM <= 0.10; docs/memory.md), so the test can tell whether the router uses it.
+  # every other LLM <= 0.10: python -m experiments.optimum_shares, docs/memory.md), so the test
+  # can tell whether the router uses it.
   c.study.unseen_llms = "qwen2.5-7b-instruct"
-  c.study.served = 50              # served episodes whose calls join the history (unseen_llms_served)
+  c.study.served = 50              # served episodes joining the history (unseen_llms_served)
   # The roles study's DP optimum with Thinker and Verifier grows as K^3 in the pool size K (verifier
   # x summarizer x final executor per planner); on a CPU it uses a 5-LLM pool and 150 test queries.
   c.study.roles_llms = ("" if arg == "test" else
@@ -40,9 +41,8 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # Drift study (gp_jax/runs/studies/drift.py): pool events at query drift_t of the test stream.
   c.study.drift_events = "quality_drop,price_rise,fail,join"   # events, one cell per event and seed
   c.study.drift_llm = "qwen2.5-7b-instruct"   # LLM whose skill drops, price rises or that fails
-  # LLM that joins at t: the one the optimum relies on (0.71 of its calls on the 12-LLM CPU pool,
-  # every other LLM <= 0.10; docs/memory.md). When it is in config.llms, the router that meets the
-  # event is trained on config.llms without it.
+  # LLM that joins at t: the one the optimum relies on (as c.study.unseen_llms above). When it is
+  # in config.llms, the router that meets the event is trained on config.llms without it.
   c.study.drift_join_llm = "qwen2.5-7b-instruct"
   c.study.drift_t = 8 if arg == "test" else 100        # event position in the test stream
   c.study.drift_delta = -3.0       # quality_drop: logit added to drift_llm's skill on every domain

@@ -196,6 +196,15 @@ def action_shares(system, states) -> dict:
               role={k: v / n for k, v in sorted(roles.items())})
 
 
+def optimum_states(system, alpha: float, seed: int) -> list:
+  """Final states of the exact DP optimum on the system's test queries (simulated pools)."""
+  env = system.env(alpha)
+  solver = optimal.OptimalSolver(system.world, system.space, system.mdp_cfg, env.alpha,
+                                 system.describe)
+  return policies.run_policy(env, policies.oracle_policy(optimal.OraclePolicy(solver)),
+                             system.test_queries, seed=seed)
+
+
 class StudyRunner:
   """Runs the variants of one study over seeds into a workdir (resumable)."""
 
@@ -309,12 +318,7 @@ class StudyRunner:
                                "evaluation pool")
     key = ("optimum_shares", tuple(esys.space.llms), seed)
     if key not in self._systems:
-      env = esys.env(alpha)
-      solver = optimal.OptimalSolver(esys.world, esys.space, esys.mdp_cfg, env.alpha,
-                                     esys.describe)
-      self._systems[key] = action_shares(esys, policies.run_policy(
-          env, policies.oracle_policy(optimal.OraclePolicy(solver)), esys.test_queries,
-          seed=seed))["llm"]
+      self._systems[key] = action_shares(esys, optimum_states(esys, alpha, seed))["llm"]
     router = action_shares(esys, states)["llm"]
     return dict(router=sum(router.get(m, 0.0) for m in v.held_out),
                 optimum=sum(self._systems[key].get(m, 0.0) for m in v.held_out))

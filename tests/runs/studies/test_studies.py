@@ -163,3 +163,21 @@ def test_few_shot_recipes():
   for kw in (dict(updates=-1), dict(rounds=0), dict(rounds=100)):
     with pytest.raises(errors.ConfigError, match="few-shot recipe"):
       run(**kw)
+
+
+def test_optimum_shares_command():
+  """The optimum's share of calls per LLM (the CLI in a subprocess): one line per LLM of the
+  pool, shares summing to 1; a bad LLM name is one error line and exit 2."""
+  p = subprocess.run([sys.executable, "-m", "experiments.optimum_shares",
+                      "--config=experiments/configs/study.py:test"],
+                     capture_output=True, text=True, timeout=300)
+  assert p.returncode == 0, p.stderr[-2000:]
+  lines = [l.split() for l in p.stdout.splitlines()[1:] if l.strip()]
+  c = study_config.get_config("test")
+  assert sorted(m for _, m in lines) == sorted(c.llms.split(","))
+  assert sum(float(s) for s, _ in lines) == pytest.approx(1.0, abs=2e-3)
+  bad = subprocess.run([sys.executable, "-m", "experiments.optimum_shares",
+                        "--config=experiments/configs/study.py:test", "--config.llms=nope"],
+                       capture_output=True, text=True, timeout=300)
+  err = [l for l in bad.stderr.splitlines() if l.strip()]
+  assert bad.returncode == 2 and err[-1].startswith("error: unknown LLM 'nope'")
