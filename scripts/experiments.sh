@@ -12,8 +12,8 @@ source scripts/env.sh
 size="${1:-default}"
 shift || true
 case "$size" in
-  default) suffix="";      root="runs/experiments";      out="docs/report.md" ;;
-  test)    suffix=":test"; root="runs/experiments_test"; out="$root/report.md" ;;
+  default) suffix="";      root="runs/experiments";      out="docs/report.md"; drift_seeds="0,1,2" ;;
+  test)    suffix=":test"; root="runs/experiments_test"; out="$root/report.md"; drift_seeds="0" ;;
   *) echo "error: unknown size '$size' (use default or test)" >&2; exit 2 ;;
 esac
 mkdir -p "$root/studies"
@@ -21,11 +21,15 @@ t0=$(date +%s)
 stamp() { echo "[experiments] $1: $(( $(date +%s) - t0 ))s elapsed" >&2; }
 python -m experiments.sweep --config="experiments/configs/sweep.py$suffix" --workdir="$root/sweep" "$@"
 stamp "alpha sweep"
-for study in phases unseen ablations roles drift; do
+for study in phases unseen ablations roles; do
   python -m experiments.study --study="$study" --config="experiments/configs/study.py$suffix" \
     --workdir="$root/studies/$study" "$@"
   stamp "study $study"
 done
+# The drift study with three seeds at CPU size (with two, a 95% t-interval is +-9 std wide).
+python -m experiments.study --study=drift --config="experiments/configs/study.py$suffix" \
+  --workdir="$root/studies/drift" --config.study.seeds="$drift_seeds" "$@"
+stamp "study drift"
 # The drift study's second aggregation of the history: per-query retrieval of the k nearest rows
 # (docs/memory.md), on the two events where the pool gets worse.
 python -m experiments.study --study=drift --config="experiments/configs/study.py$suffix" \
