@@ -134,18 +134,19 @@ def _history_for(config, history):
 
 def few_shot_update(config, system, model, params, history, n: int, seed: int, *,
                     updates: int = 1, rounds: int = 1):
-  """The few-shot recipe: `rounds` times, n new training queries of `system` run with the
-  sampled router (current weights); their calls join `history` (when it is not None) and
-  `updates` PPO updates are applied on them. The Adam state starts fresh and is carried across
-  rounds and updates. updates=0: history only. Returns the new params.
+  """The few-shot recipe: `rounds` times, the next n training queries of `system` (cycling
+  through them when they run out) run with the sampled router (current weights); their calls
+  join `history` (when it is not None) and `updates` PPO updates are applied on them. The Adam
+  state starts fresh and is carried across rounds and updates. updates=0: history only. Returns
+  the new params.
 
-  rounds=1, updates=1 is the roles study's original recipe (50 episodes, one update). With one
-  round, n may exceed the training queries (all of them run)."""
-  chunks = [system.train_queries[r * n:(r + 1) * n] for r in range(max(rounds, 0))]
-  if n < 1 or updates < 0 or rounds < 1 or (rounds > 1 and len(chunks[-1]) < n):
-    raise errors.ConfigError(f"few-shot recipe: need n >= 1, updates >= 0, rounds >= 1 and, "
-                             f"with several rounds, n * rounds <= {len(system.train_queries)} "
-                             f"training queries; got n={n}, updates={updates}, rounds={rounds}")
+  rounds=1, updates=1 is the roles study's original recipe (50 episodes, one update); n beyond
+  the training queries runs each of them once per round."""
+  check_few_shot(n, updates, rounds)
+  queries = system.train_queries
+  per_round = min(n, len(queries))
+  chunks = [[queries[(r * per_round + i) % len(queries)] for i in range(per_round)]
+            for r in range(rounds)]
   runner = rollout.PolicyRunner(model, system.featurizer.hub_features, int(config.train.parallel))
   env = system.env(float(config.alpha), reward=config.train.get("reward", "sampled"))
   p = config.ppo
@@ -172,6 +173,12 @@ def few_shot_update(config, system, model, params, history, n: int, seed: int, *
     for _ in range(updates):
       state, _ = update(state, jnp.asarray(system.featurizer.hub_features), hist_inputs, batch)
   return state.params
+
+
+def check_few_shot(n: int, updates: int, rounds: int) -> None:
+  if n < 1 or updates < 0 or rounds < 1:
+    raise errors.ConfigError(f"few-shot recipe: need episodes >= 1, updates >= 0 and rounds >= 1; "
+                             f"got {n}, {updates}, {rounds}")
 
 
 def _train_seconds(train_dir: pathlib.Path) -> float:
@@ -216,6 +223,8 @@ class StudyRunner:
     for v in variants:
       if v.history not in ("trained", "none"):
         raise errors.ConfigError(f"variant {v.name}: history must be 'trained' or 'none'")
+      if v.few_shot:
+        check_few_shot(int(v.few_shot), int(v.few_shot_updates), int(v.few_shot_rounds))
       for r in v.routers:
         single_round.make_router(r, **(router_kwargs or {}))
       apply_overrides(apply_overrides(config, v.train), v.evaluate)   # fail fast on bad keys

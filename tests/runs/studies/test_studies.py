@@ -160,9 +160,15 @@ def test_few_shot_recipes():
   p3, n3 = run(rounds=3)
   assert moved(p0) == 0.0 and n0 == n1 > 0 and n3 > n1
   assert moved(p1) > 0 and moved(p3) > moved(p1)
-  for kw in (dict(updates=-1), dict(rounds=0), dict(rounds=100)):
+  for kw in (dict(updates=-1), dict(rounds=0)):
     with pytest.raises(errors.ConfigError, match="few-shot recipe"):
       run(**kw)
+  with pytest.raises(errors.ConfigError, match="few-shot recipe"):   # before any work
+    runner.StudyRunner(c, "/tmp/unused", "x", [runner.Variant("a", few_shot=4, few_shot_rounds=0)])
+  h = history_lib.HistoryMemory(sysm.featurizer.spec.row_dim, sysm.space.size, capacity=10_000)
+  n = len(sysm.train_queries)        # more rounds than the queries fill: they cycle
+  runner.few_shot_update(c, sysm, model, params, h, n // 2 + 1, 0, rounds=3, updates=0)
+  assert len(h) > 0
 
 
 def test_optimum_shares_command():
