@@ -83,14 +83,23 @@ def test_train_sh_names_its_logs_first_and_shows_progress(tmp_path):
 
 
 def test_experiments_sh_runs_every_study_then_the_report():
-  """CI's experiments stage (.ci/run: experiments.sh test) runs the five studies, the drift study
-  among them, at the size given, each into <root>/studies/<study>, before the combined report."""
+  """CI's experiments stage (.ci/run: experiments.sh test) runs the five studies at the size
+  given, each into <root>/studies/<study>, the drift study twice (three seeds at CPU size; the
+  second run reads the history by retrieval, into studies/drift_retrieval), before the combined
+  report."""
   ci = (REPO / ".ci" / "run").read_text()
   assert "bash scripts/experiments.sh test" in ci
   script = (REPO / "scripts" / "experiments.sh").read_text()
   loop = re.search(r"^for study in ([a-z ]+); do$", script, re.M)
-  assert loop and loop.group(1).split() == ["phases", "unseen", "ablations", "roles", "drift"]
+  assert loop and loop.group(1).split() == ["phases", "unseen", "ablations", "roles"]
   body = script[loop.end():script.index("done", loop.end())]
   assert '--study="$study" --config="experiments/configs/study.py$suffix"' in body
   assert '--workdir="$root/studies/$study"' in body
-  assert script.index("python -m experiments.report --root=") > loop.end()
+  report = script.index("python -m experiments.report --root=")
+  drift_runs = [m.end() for m in re.finditer(
+      r'--study=drift --config="experiments/configs/study.py\$suffix"', script)]
+  assert len(drift_runs) == 2 and loop.end() < drift_runs[0] < drift_runs[1] < report
+  first, second = script[drift_runs[0]:drift_runs[1]], script[drift_runs[1]:report]
+  assert '--workdir="$root/studies/drift" --config.study.seeds="$drift_seeds"' in first
+  assert re.search(r'default\).*drift_seeds="0,1,2"', script)
+  assert '--workdir="$root/studies/drift_retrieval" --config.model.history=retrieval' in second
