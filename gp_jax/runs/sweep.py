@@ -185,9 +185,7 @@ def _check_router_llm(config, name: str) -> None:
   """A configured router LLM must be one of the sweep's LLMs (checked before any write)."""
   if not name:
     return
-  from gp_jax.llm import catalog as catalog_lib
-  full = catalog_lib.load_catalog(config.catalog_file or catalog_lib.DEFAULT_POOL_FILE)
-  llms = system_lib.select_llms(full, config.llms)
+  llms = system_lib.configured_llms(config)
   if name not in llms:
     raise errors.unknown_name("router LLM", name, llms)
 

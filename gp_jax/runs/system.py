@@ -121,10 +121,19 @@ class _Data:
   scorer: env_lib.Scorer
 
 
+def full_catalog(config) -> catalog_lib.Catalog:
+  """The whole LLM catalog of a config (config.catalog_file, default the paper's pool)."""
+  return catalog_lib.load_catalog(config.catalog_file or catalog_lib.DEFAULT_POOL_FILE)
+
+
+def configured_llms(config) -> list[str]:
+  """The names config.llms selects from the config's catalog."""
+  return select_llms(full_catalog(config), config.llms)
+
+
 def build(config, *, pool: base.LLMPool | None = None) -> System:
   """All parts of a run. `pool` overrides the configured backend (tests, replay wrappers)."""
-  catalog_file = config.catalog_file or catalog_lib.DEFAULT_POOL_FILE
-  full = catalog_lib.load_catalog(catalog_file)
+  full = full_catalog(config)
   llms = select_llms(full, config.llms)
   catalog = full.select(llms)
   roles = roles_lib.load_roles().select(_names(config.roles, "roles"))

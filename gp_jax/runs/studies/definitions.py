@@ -27,7 +27,6 @@ roles      Thinker and Verifier (paper App. E), on the pool config.study.roles_l
 from __future__ import annotations
 
 from gp_jax import errors
-from gp_jax.llm import catalog as catalog_lib
 from gp_jax.runs import system as system_lib
 from gp_jax.runs.studies.runner import Variant
 
@@ -43,22 +42,11 @@ def phases(config) -> list[Variant]:
   ]
 
 
-def with_held_out(config) -> str:
-  """The training LLMs of `config` followed by the catalog's held-out LLMs (comma list)."""
-  full = catalog_lib.load_catalog(config.catalog_file or catalog_lib.DEFAULT_POOL_FILE)
-  names = system_lib.select_llms(full, config.llms)
-  return ",".join(names + [m.name for m in full.llms if m.held_out and m.name not in names])
-
-
-def _catalog(config):
-  return catalog_lib.load_catalog(config.catalog_file or catalog_lib.DEFAULT_POOL_FILE)
-
-
 def held_out_pools(config) -> tuple[str, str, tuple[str, ...]]:
   """(training pool without the unseen LLMs, evaluation pool with them, the unseen LLMs) as
   comma lists and a tuple, for config.study.unseen_llms: LLMs of config.llms are taken out of
   training; other catalog LLMs are added at evaluation."""
-  full = _catalog(config)
+  full = system_lib.full_catalog(config)
   pool = system_lib.select_llms(full, config.llms)
   held = tuple(m.strip() for m in str(config.study.unseen_llms).split(",") if m.strip())
   for m in held:
@@ -87,7 +75,7 @@ def unseen(config) -> list[Variant]:
               few_shot=served),
       # trained with them: the plain run when they are in config.llms (shared with seen_tasks)
       Variant("unseen_llms_retrained", train={} if full == ",".join(
-          system_lib.select_llms(_catalog(config), config.llms)) else new, held_out=held),
+          system_lib.configured_llms(config)) else new, held_out=held),
   ]
 
 

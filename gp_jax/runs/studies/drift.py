@@ -64,7 +64,6 @@ from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
 from gp_jax.runs.studies import runner as runner_lib
-from gp_jax.sim import optimal
 from gp_jax.workflow import policies
 
 STUDY = "drift"
@@ -163,6 +162,10 @@ def _names(value) -> tuple[str, ...]:
 
 def settings(config) -> Settings:
   s = config.study
+  if config.backend != "simulator" or config.data.source != "simulated":
+    raise errors.ConfigError("the drift study changes the simulated pool (and scores every arm by "
+                             "the simulator's expected reward): it needs backend='simulator' and "
+                             "data.source='simulated'")
   events = _names(s.drift_events)
   for e in events:
     if e not in EVENTS:
@@ -186,10 +189,11 @@ def settings(config) -> Settings:
         f"the recovery window [t + drift_recovery_after, + drift_window) = "
         f"[{out.t + out.recovery_after}, {out.t + out.recovery_after + out.window}) must fit the "
         f"{n} test queries (and drift_window >= 1)")
-  train_llms = system_lib.select_llms(_catalog(config), config.llms)
+  train_llms = system_lib.configured_llms(config)
   if "join" in events:
-    if out.join_llm not in _catalog(config).names:
-      raise errors.unknown_name("drift_join_llm", out.join_llm, _catalog(config).names)
+    known = system_lib.full_catalog(config).names
+    if out.join_llm not in known:
+      raise errors.unknown_name("drift_join_llm", out.join_llm, known)
     if len([m for m in train_llms if m != out.join_llm]) < 1:
       raise errors.ConfigError("the join event's pre-event pool (config.llms without "
                                f"{out.join_llm}) is empty")
@@ -222,11 +226,6 @@ def missing_arms(cell: dict, wanted) -> list[str]:
   return [a for a in wanted if a not in cell.get("rewards", {})]
 
 
-def _catalog(config):
-  from gp_jax.llm import catalog as catalog_lib
-  return catalog_lib.load_catalog(config.catalog_file or catalog_lib.DEFAULT_POOL_FILE)
-
-
 def event_overrides(kind: str, s: Settings, config) -> tuple[dict, dict]:
   """(evaluation overrides: the event at s.t of the test stream, retraining overrides: the event
   on every training query) as dotted config keys."""
@@ -240,7 +239,7 @@ def event_overrides(kind: str, s: Settings, config) -> tuple[dict, dict]:
   ev = {**common, f"{pre}.{sec}.t": s.t, f"{pre}.splits": "test"}
   re = {**common, f"{pre}.{sec}.t": 0, f"{pre}.splits": "train"}
   if kind == "join":   # evaluated (and retrained) on the pool with the new LLM
-    pool = system_lib.select_llms(_catalog(config), config.llms)
+    pool = system_lib.configured_llms(config)
     ev["llms"] = re["llms"] = ",".join(pool + [llm] if llm not in pool else pool)
   return ev, re
 
@@ -248,7 +247,7 @@ def event_overrides(kind: str, s: Settings, config) -> tuple[dict, dict]:
 def pre_event_overrides(kind: str, s: Settings, config) -> dict:
   """Training overrides of the router that meets the event: none, except for a join event whose
   LLM is in the configured pool (the router is then trained on the pool without it)."""
-  pool = system_lib.select_llms(_catalog(config), config.llms)
+  pool = system_lib.configured_llms(config)
   if kind == "join" and s.join_llm in pool:
     return {"llms": ",".join(m for m in pool if m != s.join_llm)}
   return {}
@@ -437,9 +436,7 @@ class DriftRunner:
     """(the DP optimum's final states, the pool at each query; the rewards of every single LLM
     of the evaluated pool)."""
     queries = esys.test_queries
-    solver = optimal.OptimalSolver(esys.world, esys.space, esys.mdp_cfg, env.alpha, esys.describe)
-    best = policies.run_policy(env, policies.oracle_policy(optimal.OraclePolicy(solver)), queries,
-                               seed=seed)
+    best = runner_lib.optimum_states(esys, env.alpha, seed)
     out = {}
     for m in esys.space.llms:
       out[f"single:{m}"] = per_query_rewards(esys, env, policies.run_policy(

@@ -87,7 +87,7 @@ def summarize_study(cells: list[dict]) -> tuple[list[dict], dict]:
         vals[f"role:{role}"].append(s)
       vals["held_out_share"].append(sum(s for m, s in shares.get("llm", {}).items()
                                         if m in _held_out_names(c)))
-      if c.get("held_out_share"):
+      if (c.get("held_out_share") or {}).get("optimum") is not None:
         vals["optimum_held_out_share"].append(c["held_out_share"]["optimum"])
     variants.append(dict(name=name, seeds=[c["seed"] for c in cs],
                          stats={k: _stats(v) for k, v in vals.items()},

@@ -233,6 +233,7 @@ class StudyRunner:
     self.router_kwargs = router_kwargs or {}
     self.verbose = verbose
     self._systems: dict[tuple, Any] = {}
+    self._optimum_shares: dict[tuple, dict] = {}   # (pool, seed) -> the optimum's LLM shares
 
   def _system(self, cfg, key: tuple):
     if key not in self._systems:
@@ -318,19 +319,23 @@ class StudyRunner:
 
   def _held_out_share(self, esys, states, v: Variant, seed: int, alpha: float) -> dict | None:
     """{router, optimum}: share of each one's calls made with the variant's held-out LLMs (the
-    optimum's run cached per evaluation system and seed); None without held-out LLMs."""
+    optimum's run cached per evaluation system and seed; optimum None off the simulator, where
+    there is no exact optimum); None without held-out LLMs."""
     if not v.held_out:
       return None
     unknown = [m for m in v.held_out if m not in esys.space.llms]
     if unknown:
       raise errors.ConfigError(f"variant {v.name}: held-out LLMs {unknown} are not in its "
                                "evaluation pool")
-    key = ("optimum_shares", tuple(esys.space.llms), seed)
-    if key not in self._systems:
-      self._systems[key] = action_shares(esys, optimum_states(esys, alpha, seed))["llm"]
     router = action_shares(esys, states)["llm"]
-    return dict(router=sum(router.get(m, 0.0) for m in v.held_out),
-                optimum=sum(self._systems[key].get(m, 0.0) for m in v.held_out))
+    share = dict(router=sum(router.get(m, 0.0) for m in v.held_out), optimum=None)
+    if not esys.simulated:
+      return share
+    key = (tuple(esys.space.llms), seed)
+    if key not in self._optimum_shares:
+      self._optimum_shares[key] = action_shares(esys, optimum_states(esys, alpha, seed))["llm"]
+    share["optimum"] = sum(self._optimum_shares[key].get(m, 0.0) for m in v.held_out)
+    return share
 
   def _reference(self, ecfg, esys, tsys, v: Variant, seed: int, alpha: float) -> list[dict]:
     """Random, single-LLM and optimum rows of an evaluation system (cached per system and seed),

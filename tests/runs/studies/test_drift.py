@@ -257,7 +257,7 @@ def test_settings_validate():
   assert (kw["r1_episodes"], kw["r1_batch"], kw["knn_k"]) == (32, 16, 10)
   assert kw["r1_ppo"].clip_eps == c.ppo.clip_eps and kw["r1_ppo"].learning_rate == 1e-3
   ev, re = drift.event_overrides("join", s, c)   # the join LLM is in the configured pool
-  pool = system_lib.select_llms(drift._catalog(c), c.llms)
+  pool = system_lib.configured_llms(c)
   assert s.join_llm in pool and ev["llms"] == ",".join(pool) and re["data.sim_events.join.t"] == 0
   assert drift.pre_event_overrides("join", s, c) == {
       "llms": ",".join(m for m in pool if m != s.join_llm)}
@@ -273,10 +273,14 @@ def test_settings_validate():
                               ("drift_events", "quake", "drift event"),
                               ("drift_join_llm", "gpt-9", "unknown drift_join_llm"),
                               ("drift_recent_rows", 0, "drift_recent_rows"),
+                              ("backend", "endpoints", "needs backend='simulator'"),
                               ("drift_routers", "knn,oracle", "unknown router"),
                               ("drift_router_llm", "gpt-5", "unknown router LLM"),
                               ("drift_r1_batch", 3, "not a multiple")]:
     c = study_config.get_config("test")
-    c.study[field] = value
+    if field == "backend":
+      c.backend = value
+    else:
+      c.study[field] = value
     with pytest.raises(errors.ConfigError, match=match):
       drift.settings(c)

@@ -3,12 +3,17 @@ import json
 import subprocess
 import sys
 
+import jax
 import numpy as np
 import pytest
 
 from experiments.configs import study as study_config
 from gp_jax import errors
 from gp_jax.graph import history as history_lib
+from gp_jax.rl import train as train_lib
+from gp_jax.runs import learner as learner_cfg
+from gp_jax.runs import system as system_lib
+from gp_jax.runs import train as training
 from gp_jax.runs.studies import definitions
 from gp_jax.runs.studies import report
 from gp_jax.runs.studies import runner
@@ -85,8 +90,8 @@ def test_tiny_study_end_to_end_resumes_and_reports(tmp_path, capsys):
   c = study_config.get_config("test")
   c.train.episodes = 16
   c.data.n_test = 12
-  held = definitions.with_held_out(c)
-  new = tuple(held.split(",")[3:])
+  new = tuple(m.name for m in system_lib.full_catalog(c).llms if m.held_out)   # the catalog's three
+  held = ",".join(c.llms.split(",") + list(new))
   variants = [runner.Variant("base"), runner.Variant("empty_history", history="none"),
               runner.Variant("more_llms", evaluate={"llms": held}, held_out=new,
                              few_shot=4, few_shot_rounds=2)]
@@ -135,13 +140,6 @@ def test_few_shot_recipes():
   """History only leaves the weights alone and grows the history by the served episodes' calls;
   one round with one update is the original recipe; more rounds and updates move the weights
   further; impossible recipes are config errors."""
-  import jax
-  import numpy as np
-  from gp_jax.graph import history as history_lib
-  from gp_jax.rl import train as train_lib
-  from gp_jax.runs import learner as learner_cfg
-  from gp_jax.runs import system as system_lib
-  from gp_jax.runs import train as training
   c = study_config.get_config("test")
   sysm = system_lib.build(c)
   model = training.make_model(c, sysm.featurizer.spec)
@@ -187,3 +185,19 @@ def test_optimum_shares_command():
                        capture_output=True, text=True, timeout=300)
   err = [l for l in bad.stderr.splitlines() if l.strip()]
   assert bad.returncode == 2 and err[-1].startswith("error: unknown LLM 'nope'")
+
+
+def test_held_out_share_has_no_optimum_off_the_simulator():
+  """With a real backend there is no exact optimum: the cell's optimum share is None (the report
+  then prints the router's share alone), never a simulator figure."""
+  from types import SimpleNamespace as NS
+  c = study_config.get_config("test")
+  r = runner.StudyRunner(c, "/tmp/unused", "x", [runner.Variant("a")], verbose=False)
+  calls = [NS(llm="a", role="executor"), NS(llm="b", role="executor"), NS(llm="b", role="planner")]
+  esys = NS(simulated=False, space=NS(llms=("a", "b")))
+  v = runner.Variant("u", held_out=("b",))
+  share = r._held_out_share(esys, [NS(calls=calls)], v, 0, 0.5)
+  assert share == {"router": pytest.approx(2 / 3), "optimum": None}
+  assert r._held_out_share(esys, [], runner.Variant("a"), 0, 0.5) is None
+  with pytest.raises(errors.ConfigError, match="not in its evaluation pool"):
+    r._held_out_share(esys, [], runner.Variant("u", held_out=("z",)), 0, 0.5)
