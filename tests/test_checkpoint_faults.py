@@ -1,7 +1,8 @@
 """Crashes, damaged files and a full disk around checkpoints: resume always completes or says why.
 
 In-process runs of the CPU test config with the default checkpoint spacing (train.checkpoint_every
-= 5, so "best" steps are saved between "latest" ones), 8 iterations of 16 episodes.
+= 5: "latest" at steps 4 and 7, each preceded by the best found since the previous one), 8
+iterations of 16 episodes.
 """
 import errno
 import json
@@ -10,6 +11,7 @@ import pathlib
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from experiments.configs import default as default_config
@@ -85,10 +87,26 @@ def interrupted_run(monkeypatch, wd, system, iteration):
   restore()
 
 
+def interrupt_latest_save(monkeypatch, step):
+  """Makes the "latest" save of `step` raise KeyboardInterrupt (a kill between the best write and
+  the latest write of one checkpoint)."""
+  real = checkpoint_lib.Checkpointer.save
+
+  def save(self, s, *args, best=False, **kwargs):
+    if not best and s == step:
+      raise KeyboardInterrupt("simulated kill")
+    return real(self, s, *args, best=best, **kwargs)
+  monkeypatch.setattr(checkpoint_lib.Checkpointer, "save", save)
+  return lambda: monkeypatch.setattr(checkpoint_lib.Checkpointer, "save", real)
+
+
 def test_resume_after_best_saved_past_latest(whole, system, tmp_path, monkeypatch):
-  """Killed at iteration 7: latest is step 4, best steps past it exist. On the old code the
-  resumed run hit orbax's StepAlreadyExistsError when it saved that best step again."""
-  interrupted_run(monkeypatch, tmp_path, system, 7)
+  """Killed between the last best write and the latest write: latest is step 4, a best step past
+  it exists. Resuming discards it and writes it again (orbax refuses to save an existing step)."""
+  restore = interrupt_latest_save(monkeypatch, ITERATIONS - 1)
+  with pytest.raises(KeyboardInterrupt):
+    training.train(config(), tmp_path, system=system, verbose=False)
+  restore()
   assert steps(tmp_path, "latest") == [4]
   assert max(steps(tmp_path, "best")) > 4, "the scenario needs a best step past the latest"
   training.train(config(), tmp_path, system=system, verbose=False)
@@ -97,6 +115,41 @@ def test_resume_after_best_saved_past_latest(whole, system, tmp_path, monkeypatc
   assert steps(tmp_path, "best") == steps(whole, "best")
   pipeline.evaluate_run(config(), tmp_path, system=system, verbose=False)
   assert (tmp_path / "eval.json").read_text() == (whole / "eval.json").read_text()
+
+
+def test_killed_between_checkpoints_resumes_the_same(whole, system, tmp_path, monkeypatch):
+  """Killed at iteration 7 (latest is step 4; the bests found after it were only in memory)."""
+  interrupted_run(monkeypatch, tmp_path, system, 7)
+  assert steps(tmp_path, "latest") == [4]
+  assert max(steps(tmp_path, "best")) <= 4
+  training.train(config(), tmp_path, system=system, verbose=False)
+  assert metrics(tmp_path) == metrics(whole)
+  assert steps(tmp_path, "best") == steps(whole, "best")
+
+
+def test_best_is_written_with_latest(system, tmp_path, monkeypatch):
+  """At most one best write per latest write, each just before it, and the final best is the
+  run's best iteration with that iteration's parameters."""
+  writes = []
+  real = checkpoint_lib.Checkpointer.save
+
+  def save(self, step, state, history, meta, *, best=False):
+    writes.append((step, best, meta["best_iteration"]))
+    return real(self, step, state, history, meta, best=best)
+  monkeypatch.setattr(checkpoint_lib.Checkpointer, "save", save)
+  training.train(config(), tmp_path, system=system, verbose=False)
+  latest = [i for i, (_, best, _) in enumerate(writes) if not best]
+  assert [writes[i][0] for i in latest] == [4, ITERATIONS - 1]
+  for i, (step, best, best_it) in enumerate(writes):
+    if best:   # a best write is followed by its latest write, whose best iteration it is
+      assert i + 1 in latest and step == writes[i + 1][2] == best_it
+  assert sum(best for _, best, _ in writes) <= len(latest)
+  last_best = json.loads((tmp_path / "checkpoints" / "latest" / str(ITERATIONS - 1) / "meta" /
+                          "metadata").read_text())["best_iteration"]
+  assert max(steps(tmp_path, "best")) == last_best
+  records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+  running = [r["running_reward"] for r in records]
+  assert last_best == int(np.argmax(running))
 
 
 def test_best_as_of_the_restored_step_is_kept(whole, system, tmp_path, monkeypatch):

@@ -63,6 +63,11 @@ class HistoryMemory:
       self.rows = np.concatenate([self.rows, rows.astype(np.float32)])
       self.hubs = np.concatenate([self.hubs, hubs.astype(np.int32)])
 
+  def view(self) -> "HistoryMemory":
+    """The memory as it is now, sharing its arrays: `add` and `evict` rebind them (nothing is
+    changed in place), so the view stays as it is while this memory grows."""
+    return dataclasses.replace(self)
+
   def evict(self) -> int:
     """Drops the oldest rows beyond capacity (call only between iterations). Returns how many."""
     extra = len(self.rows) - self.capacity

@@ -100,8 +100,9 @@ class LoopSettings:
     episodes_per_iter: episodes rolled out per PPO update.
     parallel: episodes in flight at once, over all processes.
     seed: the run's seed: parameter init, query order, rollout keys.
-    checkpoint_every: iterations between "latest" checkpoints (the last iteration always saves;
-      the best by running reward is saved whenever it improves).
+    checkpoint_every: iterations between "latest" checkpoints (the last iteration always saves).
+      The best state by running reward is kept in memory when it improves and written as "best"
+      together with the next "latest", so at most one best write per latest write.
     entropy_stop: the run stops early once the policy entropy of an update falls below this.
     gamma: discount of the batch's advantages (their GAE lambda is the update's PPOSettings').
     max_calls: the MDP's bound on one episode's calls (the batch's episode grid).
@@ -138,6 +139,8 @@ class _Loop:
   runner: rollout.PolicyRunner
   hub_features: jax.Array
   slots: int   # episodes in flight per process
+  # (iteration, state copy, history as of then, meta) of a best not yet written
+  pending_best: tuple | None = None
 
 
 def train(workdir: str | pathlib.Path, *, env: env_lib.WorkflowEnv,
@@ -301,20 +304,31 @@ def _iteration(loop: _Loop, state: ppo.TrainingState, meta: dict,
 
 def _checkpoint(ckpt: checkpoint_lib.Checkpointer, loop: _Loop, state: ppo.TrainingState,
                 meta: dict, it: int, entropy: float) -> None:
-  """Best and early-stop bookkeeping of iteration `it`, then its checkpoints: the best one when
-  the running reward improved, the latest one every checkpoint_every iterations and at the end."""
+  """Best and early-stop bookkeeping of iteration `it`, then its checkpoints.
+
+  A new best (the running reward improved) is kept in memory: a copy of the state (the update
+  donates it), the history as of then (its arrays are never changed in place, so this holds no
+  copy) and the metadata. Every checkpoint_every iterations and at the end, the best not yet
+  written goes to "best" first, then the state to "latest". A kill between the two leaves a best
+  step past the latest one; resuming discards it (Checkpointer.discard_after) and writes it again.
+  The best as of every latest step is therefore on disk, and the newest best step is the run's
+  best so far as of its newest latest step.
+  """
   s = loop.settings
   is_best = meta["running_reward"] > meta["best_running"]
   if is_best:
     meta["best_running"], meta["best_iteration"] = meta["running_reward"], it
   if entropy < s.entropy_stop:
     meta["stopped_early"] = True
-  last = it == s.iterations - 1 or meta["stopped_early"]
   if is_best:
-    ckpt.save(it, state, loop.history, meta, best=True)
+    loop.pending_best = (it, jax.tree_util.tree_map(jnp.copy, state), loop.history.view(),
+                         dict(meta))
+  last = it == s.iterations - 1 or meta["stopped_early"]
   if (it + 1) % s.checkpoint_every == 0 or last:
+    if loop.pending_best is not None:
+      ckpt.save(*loop.pending_best, best=True)
+      loop.pending_best = None
     ckpt.save(it, state, loop.history, meta)
-
 
 
 def _query_order(n: int, seed: int, start: int, count: int) -> list[int]:
