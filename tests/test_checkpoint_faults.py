@@ -90,14 +90,14 @@ def interrupted_run(monkeypatch, wd, system, iteration):
 def interrupt_latest_save(monkeypatch, step):
   """Makes the "latest" save of `step` raise KeyboardInterrupt (a kill between the best write and
   the latest write of one checkpoint)."""
-  real = checkpoint_lib.Checkpointer.save
+  real = checkpoint_lib.Checkpointer._write
 
-  def save(self, s, *args, best=False, **kwargs):
+  def write(self, s, state, history, meta, best):
     if not best and s == step:
       raise KeyboardInterrupt("simulated kill")
-    return real(self, s, *args, best=best, **kwargs)
-  monkeypatch.setattr(checkpoint_lib.Checkpointer, "save", save)
-  return lambda: monkeypatch.setattr(checkpoint_lib.Checkpointer, "save", real)
+    return real(self, s, state, history, meta, best)
+  monkeypatch.setattr(checkpoint_lib.Checkpointer, "_write", write)
+  return lambda: monkeypatch.setattr(checkpoint_lib.Checkpointer, "_write", real)
 
 
 def test_resume_after_best_saved_past_latest(whole, system, tmp_path, monkeypatch):
@@ -131,12 +131,12 @@ def test_best_is_written_with_latest(system, tmp_path, monkeypatch):
   """At most one best write per latest write, each just before it, and the final best is the
   run's best iteration with that iteration's parameters."""
   writes = []
-  real = checkpoint_lib.Checkpointer.save
+  real = checkpoint_lib.Checkpointer._write
 
-  def save(self, step, state, history, meta, *, best=False):
+  def write(self, step, state, history, meta, best):
     writes.append((step, best, meta["best_iteration"]))
-    return real(self, step, state, history, meta, best=best)
-  monkeypatch.setattr(checkpoint_lib.Checkpointer, "save", save)
+    return real(self, step, state, history, meta, best)
+  monkeypatch.setattr(checkpoint_lib.Checkpointer, "_write", write)
   training.train(config(), tmp_path, system=system, verbose=False)
   latest = [i for i, (_, best, _) in enumerate(writes) if not best]
   assert [writes[i][0] for i in latest] == [4, ITERATIONS - 1]
@@ -335,3 +335,25 @@ def _train_cmd(workdir):
   return [sys.executable, "-m", "experiments.train", "--config=experiments/configs/test.py",
           f"--workdir={workdir}", "--evaluate=false", "--config.train.checkpoint_every=5",
           f"--config.train.episodes={ITERATIONS * 16}"]
+
+
+def test_background_write_saves_the_state_as_it_was(tmp_path):
+  """A background write works from host copies taken by save: deleting the device arrays (what a
+  donating update does) and growing the history afterwards change nothing on disk."""
+  import jax.numpy as jnp
+  from gp_jax.graph import history as history_lib
+  ckpt = checkpoint_lib.Checkpointer(tmp_path, background=True)
+  state = {"w": jnp.arange(4.0)}
+  hist = history_lib.HistoryMemory(3, 2, capacity=10)
+  hist.add(np.ones((2, 3), np.float32), np.zeros(2, np.int32))
+  ckpt.save(0, state, hist, dict(best_iteration=0))
+  state["w"].delete()
+  hist.add(np.zeros((3, 3), np.float32), np.ones(3, np.int32))
+  ckpt.close()
+  reader = checkpoint_lib.Checkpointer(tmp_path, read_only=True)
+  restored = history_lib.HistoryMemory(3, 2, capacity=10)
+  out, meta = reader.restore({"w": np.zeros(4, np.float32)}, restored)
+  reader.close()
+  np.testing.assert_array_equal(out["w"], np.arange(4.0))
+  assert meta["history_rows"] == 2 and len(restored) == 2
+  np.testing.assert_array_equal(restored.rows, np.ones((2, 3)))

@@ -16,6 +16,10 @@ What survives what:
 - Disk full or an unwritable folder while saving: a StorageError naming the folder; the
   half-written step is removed and the previous checkpoint stays intact.
 
+Background writes (training): a write runs in a thread from host copies while the run goes on; a
+kill during it is a kill during a write (above); the next write, or the end of the run, waits
+for it and raises its StorageError.
+
 "best" keeps the newest best step and the best as of each retained "latest" step (at most three):
 a run resumed from latest step L continues with L's best so far, and must find it on disk even if
 a newer best, saved after L, is discarded.
@@ -32,6 +36,7 @@ import pathlib
 import shutil
 import sys
 import tempfile
+import threading
 import time
 from typing import Callable
 
@@ -118,9 +123,14 @@ class Checkpointer:
   """
 
   def __init__(self, directory: str | pathlib.Path, *, read_only: bool = False,
-               log: Callable[[str], None] = _stderr):
+               background: bool = False, log: Callable[[str], None] = _stderr):
     self.directory = pathlib.Path(directory)
     self.read_only = read_only
+    # Writes run in a thread while the caller goes on (one process only: orbax's multi-process
+    # saves end in barriers that must not interleave with the caller's collectives).
+    self.background = background and jax.process_count() == 1
+    self._writer: threading.Thread | None = None
+    self._error: BaseException | None = None
     self.log = log
     self.latest = _manager(self.directory / "latest", _KEEP_LATEST, read_only)
     self.best = _manager(self.directory / "best", None, read_only)   # pruned by _prune_best
@@ -138,12 +148,50 @@ class Checkpointer:
     return pathlib.Path(mngr.directory) / str(step)
 
   def save(self, step: int, state, history, meta: dict, *, best: bool = False) -> None:
-    """Writes step `step` (iteration) of "latest" or "best", then its integrity record.
+    """Writes step `step` (iteration) of "latest" or "best", then its integrity record."""
+    self.save_all([(step, state, history, meta, best)])
+
+  def save_all(self, writes: list[tuple]) -> None:
+    """Writes (step, state, history, meta, best) one after the other, in order.
+
+    With background writes the call returns once the previous writes are done and host copies
+    of the states are taken (the caller may then donate or change its arrays; the history's
+    arrays are never changed in place, see HistoryMemory.view); the writes go on in a thread.
+    `wait`, the next save, `discard_after`, `restore` and `close` wait for them, and raise
+    their error.
 
     Raises:
-      StorageError: the disk is full or the folder not writable; the previous steps are intact.
+      StorageError: the disk is full or the folder not writable (a background write: raised by
+        the next call that waits); the previous steps are intact.
     """
     assert not self.read_only, "a read-only Checkpointer does not save"
+    self.wait()
+    if not self.background:
+      for w in writes:
+        self._write(*w)
+      return
+    writes = [(step, jax.device_get(state), history.view(), dict(meta), best)
+              for step, state, history, meta, best in writes]
+
+    def run():
+      try:
+        for w in writes:
+          self._write(*w)
+      except BaseException as e:   # handed to the caller's thread by wait()
+        self._error = e
+    self._writer = threading.Thread(target=run, name="gp_jax-checkpoint")
+    self._writer.start()
+
+  def wait(self) -> None:
+    """Waits for the background writes; raises the error one of them met."""
+    if self._writer is not None:
+      self._writer.join()
+      self._writer = None
+    if self._error is not None:
+      error, self._error = self._error, None
+      raise error
+
+  def _write(self, step: int, state, history, meta: dict, best: bool) -> None:
     mngr = self.best if best else self.latest
     _install_log_filter()
     try:
@@ -200,6 +248,7 @@ class Checkpointer:
   def discard_after(self, step: int) -> None:
     """Deletes every latest and best step newer than `step` (the state a run resumes from)."""
     assert not self.read_only, "a read-only Checkpointer does not delete"
+    self.wait()
     for mngr in (self.latest, self.best):
       for s in mngr.all_steps():
         if s > step:
@@ -214,6 +263,7 @@ class Checkpointer:
     Raises:
       DataError: no intact step; names the damaged file.
     """
+    self.wait()
     mngr = self.best if best else self.latest
     damaged = []
     for step in sorted(mngr.all_steps(), reverse=True):
@@ -255,8 +305,12 @@ class Checkpointer:
           meta=ocp.args.JsonRestore()))
 
   def close(self) -> None:
-    self.latest.close()
-    self.best.close()
+    """Waits for the background writes (raising their error), then closes."""
+    try:
+      self.wait()
+    finally:
+      self.latest.close()
+      self.best.close()
 
 
 _STORAGE_PHRASES = ("No space left on device", "Disk quota exceeded", "Read-only file system",

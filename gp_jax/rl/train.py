@@ -10,6 +10,7 @@ reproduces the run.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -179,7 +180,7 @@ def train(workdir: str | pathlib.Path, *, env: env_lib.WorkflowEnv,
   history = history_lib.HistoryMemory(featurizer.spec.row_dim, env.space.size,
                                       capacity=int(settings.history_capacity),
                                       headroom=batch_size)
-  ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints")
+  ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints", background=True)
   state, meta = _restore(ckpt, state, history, verbose)
   # Steps past the restored state (a best saved after the last latest, a damaged step) are
   # written again by this run; left in place they would collide with it or be evaluated.
@@ -198,16 +199,21 @@ def train(workdir: str | pathlib.Path, *, env: env_lib.WorkflowEnv,
   bar = None
   if verbose and meta["iteration"] + 1 < n_iters and not meta["stopped_early"]:
     bar = progress_lib.Progress("train", n_iters, unit="iter")
-  for it in range(meta["iteration"] + 1, n_iters):
-    if meta["stopped_early"]:
-      break
-    state, rec = _iteration(loop, state, meta, it)
-    if log is not None:
-      log.write(rec)
-    if bar is not None:
-      bar.update(it + 1, episodes=meta["episodes"], reward=f"{rec['episode_return']:+.3f}",
-                 running=f"{meta['running_reward']:+.3f}", entropy=f"{rec['entropy']:.2f}")
-    _checkpoint(ckpt, loop, state, meta, it, rec["entropy"])
+  try:
+    for it in range(meta["iteration"] + 1, n_iters):
+      if meta["stopped_early"]:
+        break
+      state, rec = _iteration(loop, state, meta, it)
+      if log is not None:
+        log.write(rec)
+      if bar is not None:
+        bar.update(it + 1, episodes=meta["episodes"], reward=f"{rec['episode_return']:+.3f}",
+                   running=f"{meta['running_reward']:+.3f}", entropy=f"{rec['entropy']:.2f}")
+      _checkpoint(ckpt, loop, state, meta, it, rec["entropy"])
+  except BaseException:
+    with contextlib.suppress(Exception):   # the write under way finishes; the first error wins
+      ckpt.close()
+    raise
   if bar is not None:
     bar.close()
   ckpt.close()
@@ -325,10 +331,9 @@ def _checkpoint(ckpt: checkpoint_lib.Checkpointer, loop: _Loop, state: ppo.Train
                          dict(meta))
   last = it == s.iterations - 1 or meta["stopped_early"]
   if (it + 1) % s.checkpoint_every == 0 or last:
-    if loop.pending_best is not None:
-      ckpt.save(*loop.pending_best, best=True)
-      loop.pending_best = None
-    ckpt.save(it, state, loop.history, meta)
+    writes = [] if loop.pending_best is None else [loop.pending_best + (True,)]
+    ckpt.save_all(writes + [(it, state, loop.history, meta, False)])
+    loop.pending_best = None
 
 
 def _query_order(n: int, seed: int, start: int, count: int) -> list[int]:
