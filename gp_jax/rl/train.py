@@ -277,8 +277,7 @@ def _iteration(loop: _Loop, state: ppo.TrainingState, meta: dict,
   t_roll = time.time()
   episodes = _rollouts(loop, it)
   t_upd = time.time()
-  size = loop.batch_size if loop.buckets is None else batch_lib.padded_size(
-      sum(len(e.rewards) for e in episodes), loop.buckets)
+  size = _padded_size(loop, meta, sum(len(e.rewards) for e in episodes))
   batch, hist_inputs = batch_lib.build_batch(
       episodes, loop.history if s.history == "transductive" else None, gamma=s.gamma,
       batch_size=size, num_episodes=s.episodes_per_iter, max_calls=s.max_calls,
@@ -306,6 +305,29 @@ def _iteration(loop: _Loop, state: ppo.TrainingState, meta: dict,
   # Backend counters (calls, failures by kind, retries...) of real pools, cumulative.
   rec.update({f"pool/{k}": v for k, v in env.pool.stats().items() if isinstance(v, (int, float))})
   return state, rec
+
+
+def _padded_size(loop: _Loop, meta: dict, n: int) -> int:
+  """Padded transitions of this iteration's update (n real ones).
+
+  Fixed padding: batch_size. Buckets: the update compiles once per (padded size, history row
+  bucket) pair, and a new history bucket compiles anyway; so the size only shrinks then, to the
+  bucket of the most transitions an iteration had so far, and otherwise grows when n exceeds it.
+  The state (padded_size, padded_rows, most_transitions) is in `meta`, so a resumed run pads as
+  the uninterrupted one.
+  """
+  if loop.buckets is None:
+    return loop.batch_size
+  h = loop.history
+  rows = history_lib.bucket(len(h), h.capacity + h.headroom) if loop.settings.history == \
+      "transductive" else 0
+  meta["most_transitions"] = max(meta.get("most_transitions", 0), n)
+  if rows != meta.get("padded_rows"):
+    meta["padded_rows"] = rows
+    meta["padded_size"] = batch_lib.padded_size(meta["most_transitions"], loop.buckets)
+  if n > meta.get("padded_size", 0):
+    meta["padded_size"] = batch_lib.padded_size(n, loop.buckets)
+  return meta["padded_size"]
 
 
 def _checkpoint(ckpt: checkpoint_lib.Checkpointer, loop: _Loop, state: ppo.TrainingState,
