@@ -100,12 +100,16 @@ def interrupt_latest_save(monkeypatch, step):
   return lambda: monkeypatch.setattr(checkpoint_lib.Checkpointer, "_write", real)
 
 
-def test_resume_after_best_saved_past_latest(whole, system, tmp_path, monkeypatch):
+@pytest.mark.parametrize("background", [False, True])
+def test_resume_after_best_saved_past_latest(whole, system, tmp_path, monkeypatch, background):
   """Killed between the last best write and the latest write: latest is step 4, a best step past
-  it exists. Resuming discards it and writes it again (orbax refuses to save an existing step)."""
+  it exists. Resuming discards it and writes it again (orbax refuses to save an existing step).
+  Background writes: the kill in the writer thread reaches the run when it waits for it."""
   restore = interrupt_latest_save(monkeypatch, ITERATIONS - 1)
+  cfg = config()
+  cfg.train.background_checkpoints = background
   with pytest.raises(KeyboardInterrupt):
-    training.train(config(), tmp_path, system=system, verbose=False)
+    training.train(cfg, tmp_path, system=system, verbose=False)
   restore()
   assert steps(tmp_path, "latest") == [4]
   assert max(steps(tmp_path, "best")) > 4, "the scenario needs a best step past the latest"
@@ -236,10 +240,12 @@ def test_partial_last_metrics_line_is_dropped(tmp_path):
     train_lib.MetricsLog(path, 2)
 
 
+@pytest.mark.parametrize("background", [False, True])
 def test_disk_full_during_a_checkpoint_keeps_the_previous_one(whole, system, tmp_path,
-                                                              monkeypatch):
+                                                              monkeypatch, background):
   """An OSError (ENOSPC) while a checkpoint is written: StorageError, the half-written step is
-  gone, the earlier steps are intact, and a rerun completes with the uninterrupted metrics."""
+  gone, the earlier steps are intact, and a rerun completes with the uninterrupted metrics.
+  Background writes: the error is raised by the next write, which waits for this one."""
   real = checkpoint_lib.write_integrity
   calls = []
 
@@ -251,6 +257,7 @@ def test_disk_full_during_a_checkpoint_keeps_the_previous_one(whole, system, tmp
   monkeypatch.setattr(checkpoint_lib, "write_integrity", failing)
   cfg = config()
   cfg.train.episodes = 12 * cfg.train.episodes_per_iter
+  cfg.train.background_checkpoints = background
   with pytest.raises(errors.StorageError, match="No space left on device.*previous checkpoints "
                                                 "are intact"):
     training.train(cfg, tmp_path, system=system, verbose=False)

@@ -107,6 +107,8 @@ def get_config() -> ml_collections.ConfigDict:
                                    # (E[U | calls], simulator only: less noise), "auto" = expected
                                    # on the simulator, sampled otherwise
   c.train.checkpoint_every = 5     # iterations between 'latest' checkpoints
+  c.train.background_checkpoints = False  # write them in a thread while training goes on (one
+                                   # process; pays off where cores are idle, docs/scaling.md)
   c.train.padding = "fixed"        # transitions per update: "fixed" (every call the episodes
                                    # could make) or "buckets" (sizes <= 4/3 apart: <= 25% padding,
                                    # one compilation per size met; docs/scaling.md)

@@ -109,6 +109,8 @@ class LoopSettings:
     max_calls: the MDP's bound on one episode's calls (the batch's episode grid).
     history: the history mode (HISTORY_MODES): which memory the decisions read and grow.
     history_capacity: rows the history memory keeps after each update's eviction.
+    background_checkpoints: write checkpoints in a thread while the run goes on (one process;
+      a gain where cores are idle: orbax's writes compress, so they cost CPU time).
   """
   episodes: int
   episodes_per_iter: int
@@ -120,6 +122,7 @@ class LoopSettings:
   max_calls: int
   history: str
   history_capacity: int
+  background_checkpoints: bool = False
 
   @property
   def iterations(self) -> int:
@@ -180,7 +183,8 @@ def train(workdir: str | pathlib.Path, *, env: env_lib.WorkflowEnv,
   history = history_lib.HistoryMemory(featurizer.spec.row_dim, env.space.size,
                                       capacity=int(settings.history_capacity),
                                       headroom=batch_size)
-  ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints", background=True)
+  ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints",
+                                     background=settings.background_checkpoints)
   state, meta = _restore(ckpt, state, history, verbose)
   # Steps past the restored state (a best saved after the last latest, a damaged step) are
   # written again by this run; left in place they would collide with it or be evaluated.

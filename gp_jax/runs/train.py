@@ -135,7 +135,8 @@ def loop_settings(config, max_calls: int) -> rl_train.LoopSettings:
       episodes=t.episodes, episodes_per_iter=t.episodes_per_iter, parallel=int(t.parallel),
       seed=config.seed, checkpoint_every=t.checkpoint_every, entropy_stop=config.ppo.entropy_stop,
       gamma=config.ppo.gamma, max_calls=max_calls, history=config.model.history,
-      history_capacity=int(config.model.history_capacity))
+      history_capacity=int(config.model.history_capacity),
+      background_checkpoints=bool(t.get("background_checkpoints", False)))
 
 
 def check_workdir(config, workdir: pathlib.Path) -> None:

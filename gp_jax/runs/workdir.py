@@ -22,9 +22,10 @@ from gp_jax import files
 
 CONFIG_FILE = "config.json"
 # Never compared: where caches and servers are, how long to wait, whether replies are replayed,
-# which devices and processes run the learner (docs/scaling.md: same numbers up to float rounding).
+# which devices and processes run the learner (docs/scaling.md: same numbers up to float rounding),
+# whether checkpoints are written in the background.
 RUNTIME_FIELDS = ("compile_cache", "request_timeout_s", "endpoints_file", "replay", "text.cache",
-                  "parallel")
+                  "parallel", "train.background_checkpoints")
 # Sections added after workdirs were recorded, with the test that says the current config leaves
 # them off (then it runs exactly as before they existed): a record without the section matches.
 SWITCHED_OFF_WHEN = {
