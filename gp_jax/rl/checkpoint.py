@@ -16,9 +16,10 @@ What survives what:
 - Disk full or an unwritable folder while saving: a StorageError naming the folder; the
   half-written step is removed and the previous checkpoint stays intact.
 
-Background writes (training): a write runs in a thread from host copies while the run goes on; a
-kill during it is a kill during a write (above); the next write, or the end of the run, waits
-for it and raises its StorageError.
+Background writes (train.background_checkpoints): a write runs in a thread from host copies while
+the run goes on; a kill during it is a kill during a write (above); the next write, or the end of
+the run, waits for it and raises its StorageError. The process's stderr is held during a write
+(see _held_stderr), so lines the run prints meanwhile appear when it ends.
 
 "best" keeps the newest best step and the best as of each retained "latest" step (at most three):
 a run resumed from latest step L continues with L's best so far, and must find it on disk even if
