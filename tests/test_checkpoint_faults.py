@@ -11,6 +11,7 @@ import pathlib
 import subprocess
 import sys
 
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -18,6 +19,7 @@ from experiments.configs import default as default_config
 from experiments.configs import test as test_config
 from gp_jax import errors
 from gp_jax import files
+from gp_jax.graph import history as history_lib
 from gp_jax.rl import checkpoint as checkpoint_lib
 from gp_jax.rl import rollout
 from gp_jax.rl import train as train_lib
@@ -347,8 +349,6 @@ def _train_cmd(workdir):
 def test_background_write_saves_the_state_as_it_was(tmp_path):
   """A background write works from host copies taken by save: deleting the device arrays (what a
   donating update does) and growing the history afterwards change nothing on disk."""
-  import jax.numpy as jnp
-  from gp_jax.graph import history as history_lib
   ckpt = checkpoint_lib.Checkpointer(tmp_path, background=True)
   state = {"w": jnp.arange(4.0)}
   hist = history_lib.HistoryMemory(3, 2, capacity=10)

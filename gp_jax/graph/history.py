@@ -76,9 +76,13 @@ class HistoryMemory:
       return extra
     return 0
 
+  def padded_size(self) -> int:
+    """Rows of `padded()`: the bucket of the current row count (the shape jitted code sees)."""
+    return bucket(len(self.rows), self.capacity + self.headroom)
+
   def padded(self) -> tuple[np.ndarray, np.ndarray]:
     """Rows and hubs padded to the bucket size; padding rows have hub id num_hubs."""
-    n = bucket(len(self.rows), self.capacity + self.headroom)
+    n = self.padded_size()
     rows = np.zeros((n, self.row_dim), np.float32)
     rows[:len(self.rows)] = self.rows
     hubs = np.full(n, self.num_hubs, np.int32)

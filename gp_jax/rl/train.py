@@ -322,9 +322,8 @@ def _padded_size(loop: _Loop, meta: dict, n: int) -> int:
   """
   if loop.buckets is None:
     return loop.batch_size
-  h = loop.history
-  rows = history_lib.bucket(len(h), h.capacity + h.headroom) if loop.settings.history == \
-      "transductive" else 0
+  # Only the transductive update reads the history rows (the others get an empty memory).
+  rows = loop.history.padded_size() if loop.settings.history == "transductive" else 0
   meta["most_transitions"] = max(meta.get("most_transitions", 0), n)
   if rows != meta.get("padded_rows"):
     meta["padded_rows"] = rows

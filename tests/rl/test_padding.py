@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import test as test_config
+from gp_jax.graph import history as history_lib
 from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import train as train_lib
 from gp_jax.runs import train as training
@@ -54,7 +55,6 @@ def test_bucketed_run_compiles_once_per_padded_size(tmp_path):
 def test_bucket_size_shrinks_only_with_a_new_history_bucket():
   """The padded size follows the most transitions so far, grows at once, and shrinks only when
   the history rows reach a new bucket (a compilation then happens anyway)."""
-  from gp_jax.graph import history as history_lib
   buckets = batch_lib.padding_buckets(640, 32)
   hist = history_lib.HistoryMemory(4, 3, capacity=100_000, headroom=640)
   loop = types.SimpleNamespace(buckets=buckets, batch_size=640, history=hist,
