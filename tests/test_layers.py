@@ -9,8 +9,10 @@ Layers, bottom to top (docs/architecture in README's layout table):
   4  rl/ (the PPO learner)
   5  baselines/ (routers), counselor/ (Graph Counselor)
   6  runs/ (assembles systems from configs and runs experiments; serving)
-A module imports from its own package (same top-level folder of gp_jax) or from a lower layer
-(layer 0 modules import each other freely; the circle test still holds for them).
+A module imports from its own package (same top-level folder of gp_jax) or from a lower layer;
+the two layer-0 packages (root modules and util/) import each other and nothing above them, and
+the circle test holds for every module. The checker itself is tested on made-up import graphs
+that it must reject.
 Beyond that: graph/ and rl/ never import llm/ (the learner reaches LLMs only through the workflow
 environment), and nothing in gp_jax/ imports experiments/.
 """
@@ -83,10 +85,10 @@ def test_every_package_has_a_layer():
   assert not unknown, f"packages without a layer in tests/test_layers.py: {unknown}"
 
 
-def test_imports_run_down_only():
-  _, graph = _graph()
+def _against_layering(graph: dict[str, set[str]]) -> list[str]:
+  """Every import of `graph` (module -> modules it imports) that breaks the layering."""
   bad = []
-  for mod, deps in graph.items():
+  for mod, deps in sorted(graph.items()):
     src = _package(mod)
     for dep in sorted(deps):
       dst = _package(dep)
@@ -94,13 +96,13 @@ def test_imports_run_down_only():
         bad.append(f"{mod} -> {dep} (the library never imports the runners)")
       elif dst in NEVER.get(src, ()):
         bad.append(f"{mod} -> {dep} ({src}/ never imports {dst}/)")
-      elif dst != src and LAYERS[dst] >= LAYERS[src] and LAYERS[src] > 0:
+      elif dst != src and LAYERS[dst] >= LAYERS[src] and not LAYERS[src] == LAYERS[dst] == 0:
         bad.append(f"{mod} -> {dep} (layer {LAYERS[src]} importing layer {LAYERS[dst]})")
-  assert not bad, "imports against the layering:\n" + "\n".join(bad)
+  return bad
 
 
-def test_no_import_circle():
-  _, graph = _graph()
+def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
+  """The import circles of `graph`: its strongly connected components of two or more modules."""
   index, low, stack, on_stack, circles = {}, {}, [], set(), []
 
   def visit(v):   # Tarjan's strongly connected components
@@ -129,7 +131,47 @@ def test_no_import_circle():
   for v in sorted(graph):
     if v not in index:
       visit(v)
+  return circles
+
+
+def test_imports_run_down_only():
+  _, graph = _graph()
+  bad = _against_layering(graph)
+  assert not bad, "imports against the layering:\n" + "\n".join(bad)
+
+
+def test_no_import_circle():
+  _, graph = _graph()
+  circles = _circles(graph)
   assert not circles, f"import circles: {circles}"
+
+
+@pytest.mark.parametrize("graph,reason", [
+    ({"gp_jax.errors": {"gp_jax.runs.system"}}, "layer 0 importing layer 6"),
+    ({"gp_jax.util.aio": {"gp_jax.llm.base"}}, "layer 0 importing layer 1"),
+    ({"gp_jax.rl.ppo": {"gp_jax.baselines.router"}}, "layer 4 importing layer 5"),
+    ({"gp_jax.sim.simulator": {"gp_jax.graph.garnet"}}, "layer 3 importing layer 3"),
+    ({"gp_jax.graph.features": {"gp_jax.llm.base"}}, "graph/ never imports llm/"),
+    ({"gp_jax.runs.train": {"experiments.common"}}, "never imports the runners"),
+])
+def test_checker_rejects_a_bad_graph(graph, reason):
+  """Each made-up import against the rules is reported, layer 0 included."""
+  bad = _against_layering(graph)
+  assert len(bad) == 1 and reason in bad[0], bad
+
+
+def test_checker_accepts_what_the_rules_allow():
+  graph = {"gp_jax.errors": {"gp_jax.util.aio"}, "gp_jax.util.aio": {"gp_jax.files"},
+           "gp_jax.runs.train": {"gp_jax.rl.ppo", "gp_jax.errors"},
+           "gp_jax.rl.ppo": {"gp_jax.rl.batch", "gp_jax.graph.garnet"}}
+  assert _against_layering(graph) == []
+
+
+def test_checker_finds_a_circle():
+  graph = {"gp_jax.rl.a": {"gp_jax.rl.b"}, "gp_jax.rl.b": {"gp_jax.rl.c"},
+           "gp_jax.rl.c": {"gp_jax.rl.a"}, "gp_jax.rl.d": {"gp_jax.rl.a"}}
+  assert _circles(graph) == [["gp_jax.rl.a", "gp_jax.rl.b", "gp_jax.rl.c"]]
+  assert _circles({"gp_jax.rl.a": {"gp_jax.rl.b"}, "gp_jax.rl.b": set()}) == []
 
 
 @pytest.mark.parametrize("source,expected", [
