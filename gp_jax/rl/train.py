@@ -314,20 +314,13 @@ def _iteration(loop: _Loop, state: ppo.TrainingState, meta: dict,
 def _padded_size(loop: _Loop, meta: dict, n: int) -> int:
   """Padded transitions of this iteration's update (n real ones).
 
-  Fixed padding: batch_size. Buckets: the update compiles once per (padded size, history row
-  bucket) pair, and a new history bucket compiles anyway; so the size only shrinks then, to the
-  bucket of the most transitions an iteration had so far, and otherwise grows when n exceeds it.
-  The state (padded_size, padded_rows, most_transitions) is in `meta`, so a resumed run pads as
-  the uninterrupted one.
+  Fixed padding: batch_size. Buckets: the bucket of the most transitions an iteration has had so
+  far, so the size grows at once when n needs more and never shrinks; the update compiles once
+  per (padded size, history row bucket) pair. The size is in `meta` (`padded_size`), so a resumed
+  run pads as the uninterrupted one.
   """
   if loop.buckets is None:
     return loop.batch_size
-  # Only the transductive update reads the history rows (the others get an empty memory).
-  rows = loop.history.padded_size() if loop.settings.history == "transductive" else 0
-  meta["most_transitions"] = max(meta.get("most_transitions", 0), n)
-  if rows != meta.get("padded_rows"):
-    meta["padded_rows"] = rows
-    meta["padded_size"] = batch_lib.padded_size(meta["most_transitions"], loop.buckets)
   if n > meta.get("padded_size", 0):
     meta["padded_size"] = batch_lib.padded_size(n, loop.buckets)
   return meta["padded_size"]

@@ -1,13 +1,11 @@
 """Transition padding buckets: bounded waste per size, one compilation per padded size across a run,
-sizes that shrink only when the history reaches a new bucket."""
+a size that grows at once and never shrinks."""
 import json
 import types
 
-import numpy as np
 import pytest
 
 from experiments.configs import test as test_config
-from gp_jax.graph import history as history_lib
 from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import train as train_lib
 from gp_jax.runs import train as training
@@ -52,25 +50,19 @@ def test_bucketed_run_compiles_once_per_padded_size(tmp_path):
   assert sizes == sorted(sizes)   # one history bucket: the size never shrinks
 
 
-def test_bucket_size_shrinks_only_with_a_new_history_bucket():
-  """The padded size follows the most transitions so far, grows at once, and shrinks only when
-  the history rows reach a new bucket (a compilation then happens anyway)."""
+def test_bucket_size_grows_at_once_and_never_shrinks():
+  """The padded size is the bucket of the most transitions so far: it grows as soon as an
+  iteration needs more, stays when later iterations need less (a history bucket change included),
+  and a resumed run continues from the saved meta."""
   buckets = batch_lib.padding_buckets(640, 32)
-  hist = history_lib.HistoryMemory(4, 3, capacity=100_000, headroom=640)
-  loop = types.SimpleNamespace(buckets=buckets, batch_size=640, history=hist,
-                               settings=types.SimpleNamespace(history="transductive"))
+  loop = types.SimpleNamespace(buckets=buckets, batch_size=640)
   meta = {}
-
-  def step(n, rows_added=0):
-    hist.add(np.zeros((rows_added, 4), np.float32), np.zeros(rows_added, np.int32))
-    return train_lib._padded_size(loop, meta, n)
-  assert step(200, 200) == 256
-  assert step(300, 300) == 320      # grows at once
-  assert step(150, 150) == 320      # no shrink inside the history bucket (4096 rows)
-  assert step(100, 3500) == 320     # new bucket (8192 rows): the most so far, 300, needs 320
-  assert step(330) == 416
-  meta_copy = dict(meta)            # a resumed run continues from the saved meta
-  assert step(100) == 416
-  assert train_lib._padded_size(loop, dict(meta_copy), 100) == 416
-  fixed = types.SimpleNamespace(buckets=None, batch_size=640, history=hist, settings=loop.settings)
+  sizes = [train_lib._padded_size(loop, meta, n) for n in (200, 300, 150, 100, 330, 100)]
+  assert sizes == [256, 320, 320, 320, 416, 416]
+  assert all(s >= batch_lib.padded_size(n, buckets) for s, n in zip(sizes, (200, 300, 150, 100,
+                                                                           330, 100)))
+  resumed = dict(meta)              # what the checkpoint metadata holds
+  assert train_lib._padded_size(loop, resumed, 100) == 416
+  assert train_lib._padded_size(loop, {}, 100) == batch_lib.padded_size(100, buckets) == 128
+  fixed = types.SimpleNamespace(buckets=None, batch_size=640)
   assert train_lib._padded_size(fixed, {}, 100) == 640
