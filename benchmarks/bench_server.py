@@ -184,19 +184,18 @@ def main():
         f"{args.latency_s:g} s per call, max_concurrency {args.max_concurrency}, "
         f"{'server on its own core' if args.pin else 'no pinning'}, client timeout "
         f"{args.timeout_s:g} s\n")
-  print("| backend | requests | clients | answered | 429 | timeouts | req/s | p50 latency (s) | "
+  print("| backend | kind | clients | answered | 429 | timeouts | req/s | p50 latency (s) | "
         "p99 latency (s) | router overhead per decision p50 / p99 (ms) | router compute per "
         "decision p50 / p99 (ms) | client-seen non-backbone time per request p50 / p99 (ms) | LLM "
         "calls per request | throughput / ideal |")
   print("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|")
   for r in rows:
     ratio = f"{r['rps'] / r['ideal']:.2f}" if r["ideal"] else "n/a (no backbone latency)"
-    if r["kind"] != "routed":   # no decisions: the router's columns do not apply
-      r.update(over50=np.nan, over99=np.nan, work50=np.nan, work99=np.nan)
+    router = (f"{r['over50']:.2f} / {r['over99']:.2f} | {r['work50']:.2f} / {r['work99']:.2f}"
+              if r["kind"] == "routed" else "n/a (no decisions) | n/a")
     print(f"| {r['backend']} | {r['kind']} | {r['clients']} | {r['requests']} | {r['429']} "
           f"| {r['timeout']} | {r['rps']:.1f} | {r['p50']:.3f} | {r['p99']:.3f} "
-          f"| {r['over50']:.2f} / {r['over99']:.2f} | {r['work50']:.2f} / {r['work99']:.2f} "
-          f"| {r['rest50']:.1f} / {r['rest99']:.1f} | {r['calls']:.1f} | {ratio} |")
+          f"| {router} | {r['rest50']:.1f} / {r['rest99']:.1f} | {r['calls']:.1f} | {ratio} |")
 
 
 if __name__ == "__main__":
