@@ -3,13 +3,16 @@
 Default config (experiments/configs/default.py) and its checkpoint spacing (train.checkpoint_every
 = 5, each "latest" write preceded by a "best" write when a better state was found since), shortened by flags only: 12 iterations of 64 episodes and 32
 test queries. The moments come from a seeded schedule of four kinds:
-- "write": as the k-th (1-5) checkpoint write of that process starts (orbax's temporary folder appears);
-  the kill counts as landing inside a write when that folder is still there afterwards;
+- "write": as the k-th (1-5) checkpoint write of that process starts (orbax's temporary folder
+  appears); the kill counts as landing inside a write when a temporary folder that this process
+  created is still there afterwards (leftovers of an earlier kill count for neither);
 - "delay": t (5-25) seconds after the process started (start-up, rollouts, updates, writes alike);
 - "eval": shortly after the last iteration's metrics line (final checkpoints or evaluation).
 Where a kill lands within its moment depends on timing, but the assertion holds for every landing
 point, so the outcome never depends on it: the final metrics.jsonl (timings aside) and eval.json
-equal those of an uninterrupted run, byte for byte.
+equal those of an uninterrupted run, byte for byte. The whole schedule runs twice: with the
+default synchronous checkpoint writes and with train.background_checkpoints (writes in a thread
+while training goes on), against the same uninterrupted reference.
 """
 import json
 import pathlib
@@ -34,8 +37,9 @@ RUN_LIMIT_S = 600     # one whole run takes ~1 min on 2 busy cores; this only tu
 TMP_MARK = ".orbax-checkpoint-tmp"
 
 
-def command(workdir):
-  return [sys.executable, "-m", "experiments.train", f"--workdir={workdir}"] + FLAGS
+def command(workdir, background=False):
+  return [sys.executable, "-m", "experiments.train", f"--workdir={workdir}"] + FLAGS + (
+      ["--config.train.background_checkpoints=true"] if background else [])
 
 
 def metrics(workdir):
@@ -46,12 +50,19 @@ def metrics(workdir):
           for l in path.read_text().splitlines() if l.strip()]
 
 
-def checkpoint_temporaries(workdir) -> set[str]:
+def checkpoint_temporaries(workdir) -> set[tuple[str, int]]:
+  """Orbax's temporary folders under the workdir's checkpoints, as (name, inode): a folder made
+  again under an old name is a new one."""
   out = set()
   for kind in ("latest", "best"):
     d = pathlib.Path(workdir) / "checkpoints" / kind
     try:
-      out |= {f"{kind}/{p.name}" for p in d.iterdir() if TMP_MARK in p.name}
+      for p in d.iterdir():
+        if TMP_MARK in p.name:
+          try:
+            out.add((f"{kind}/{p.name}", p.stat().st_ino))
+          except FileNotFoundError:   # renamed away between the listing and the stat
+            pass
     except FileNotFoundError:
       pass
   return out
@@ -64,18 +75,21 @@ def count_lines(workdir) -> int:
     return 0
 
 
-def run_until(workdir, trigger, log) -> bool:
-  """Starts the CLI and SIGKILLs it when trigger(workdir, t0) is true; False if it finished first."""
+def run_until(workdir, trigger, log, background=False) -> set | bool:
+  """Starts the CLI and SIGKILLs it when trigger(workdir, t0, leftovers) is true (leftovers: the
+  temporary folders there before it started). Returns the temporary folders this process left
+  (a set, maybe empty) when killed; False if it finished first."""
+  leftovers = checkpoint_temporaries(workdir)
   with open(log, "ab") as out:
-    proc = subprocess.Popen(command(workdir), cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
-                            stdin=subprocess.DEVNULL)
+    proc = subprocess.Popen(command(workdir, background), cwd=REPO, stdout=out,
+                            stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
   t0 = time.monotonic()
   try:
     while proc.poll() is None:
-      if trigger(workdir, t0):
+      if trigger(workdir, t0, leftovers):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
-        return True
+        return checkpoint_temporaries(workdir) - leftovers
       if time.monotonic() - t0 > RUN_LIMIT_S:
         raise AssertionError(f"training still running after {RUN_LIMIT_S} s; log: {log}")
       time.sleep(0.002)
@@ -90,31 +104,58 @@ def run_until(workdir, trigger, log) -> bool:
 def at_write(k):
   seen = set()
 
-  def trigger(workdir, t0):
-    seen.update(checkpoint_temporaries(workdir))
+  def trigger(workdir, t0, leftovers):
+    seen.update(checkpoint_temporaries(workdir) - leftovers)
     return len(seen) >= k
   return trigger
 
 
 def after(seconds):
-  return lambda workdir, t0: time.monotonic() - t0 >= seconds
+  return lambda workdir, t0, leftovers: time.monotonic() - t0 >= seconds
 
 
 def after_last_iteration(seconds):
   state = {}
 
-  def trigger(workdir, t0):
+  def trigger(workdir, t0, leftovers):
     if "t" not in state and count_lines(workdir) >= ITERATIONS:
       state["t"] = time.monotonic()
     return "t" in state and time.monotonic() - state["t"] >= seconds
   return trigger
 
 
-def test_kills_at_random_moments_change_nothing(tmp_path):
-  ref = tmp_path / "reference"
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """An uninterrupted run (synchronous writes; background writes give the same results)."""
+  ref = tmp_path_factory.mktemp("reference") / "run"
   subprocess.run(command(ref), cwd=REPO, check=True, capture_output=True, timeout=RUN_LIMIT_S)
   assert len(metrics(ref)) == ITERATIONS
+  return ref
 
+
+def test_leftovers_of_an_earlier_kill_are_not_this_kill(tmp_path):
+  """A temporary folder left by an earlier process neither triggers a write kill nor counts as
+  one landing inside a write; one made again under the same name does."""
+  d = tmp_path / "checkpoints" / "latest"
+  d.mkdir(parents=True)
+  old = d / f"5{TMP_MARK}-1"
+  old.mkdir()
+  leftovers = checkpoint_temporaries(tmp_path)
+  trigger = at_write(1)
+  assert not trigger(tmp_path, 0.0, leftovers)
+  (d / f"10{TMP_MARK}-2").mkdir()
+  assert trigger(tmp_path, 0.0, leftovers)
+  assert checkpoint_temporaries(tmp_path) - leftovers == {(f"latest/10{TMP_MARK}-2",
+                                                           (d / f"10{TMP_MARK}-2").stat().st_ino)}
+  keep = tmp_path / "keep"   # holds the old inode, so the new folder cannot reuse its number
+  old.rename(keep)
+  old.mkdir()
+  assert len(checkpoint_temporaries(tmp_path) - leftovers) == 2
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["sync_writes", "background_writes"])
+def test_kills_at_random_moments_change_nothing(tmp_path, reference, background):
+  ref = reference
   rng = random.Random(SEED)
   plan = [("write", rng.randint(1, 5)) for _ in range(5)] + \
          [("delay", rng.uniform(5.0, 25.0)) for _ in range(4)]
@@ -126,7 +167,8 @@ def test_kills_at_random_moments_change_nothing(tmp_path):
   while plan:
     kind, arg = plan.pop(0)
     trigger = {"write": at_write, "delay": after, "eval": after_last_iteration}[kind](arg)
-    if not run_until(workdirs[-1], trigger, log):
+    left = run_until(workdirs[-1], trigger, log, background)
+    if left is False:
       # Finished before the moment came (an earlier kill let it get far): check it and go on
       # with a fresh workdir, so that every planned kill happens.
       check_same(workdirs[-1], ref)
@@ -134,7 +176,7 @@ def test_kills_at_random_moments_change_nothing(tmp_path):
       workdirs.append(tmp_path / f"chaos{len(workdirs)}")
       plan.insert(0, (kind, arg))
       continue
-    landed = bool(checkpoint_temporaries(workdirs[-1])) if kind == "write" else None
+    landed = bool(left) if kind == "write" else None
     in_writes += bool(landed)
     kills.append((kind, round(arg, 2), len(workdirs) - 1, len(metrics(workdirs[-1])), landed))
     # Kills inside a write depend on timing: retry (within a bound) until enough have landed.
@@ -145,7 +187,7 @@ def test_kills_at_random_moments_change_nothing(tmp_path):
         sep="\n  ")
   assert len(kills) >= MIN_KILLS, kills
   assert in_writes >= MIN_KILLS_IN_WRITES, kills
-  assert run_until(workdirs[-1], lambda *_: False, log) is False    # the last run, never killed
+  assert run_until(workdirs[-1], lambda *_: False, log, background) is False   # never killed
   check_same(workdirs[-1], ref)
 
 
