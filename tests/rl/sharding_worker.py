@@ -61,13 +61,26 @@ def update_params(devices: int, history_capacity: int):
 
 
 def train_metrics(devices: int):
+  """A short training run's metrics and the device count of each mesh the run built (the
+  learner's and the rollout's), so the test can check the run used `devices` devices."""
   cfg = test_config.get_config()
   cfg.parallel.devices = devices
-  with tempfile.TemporaryDirectory() as wd:
-    training.train(cfg, wd, verbose=False)
-    lines = open(f"{wd}/metrics.jsonl").read().splitlines()
-  return [{k: v for k, v in json.loads(l).items() if k not in ("rollout_s", "update_s")}
-          for l in lines]
+  meshes, make_mesh = [], training.make_mesh
+
+  def recording_make_mesh(config, **kw):
+    mesh = make_mesh(config, **kw)
+    meshes.append(int(mesh.devices.size))
+    return mesh
+  training.make_mesh = recording_make_mesh
+  try:
+    with tempfile.TemporaryDirectory() as wd:
+      training.train(cfg, wd, verbose=False)
+      lines = open(f"{wd}/metrics.jsonl").read().splitlines()
+  finally:
+    training.make_mesh = make_mesh
+  return {"meshes": meshes,
+          "metrics": [{k: v for k, v in json.loads(l).items() if k not in ("rollout_s", "update_s")}
+                      for l in lines]}
 
 
 if __name__ == "__main__":

@@ -46,7 +46,10 @@ def test_update_on_4_devices_matches_1_device():
 
 def test_training_run_on_4_devices_matches_1_device():
   res = run_worker("train")
-  one, four = res["1"], res["4"]
+  # The runs built their meshes (learner, rollout) over 1 and 4 devices as asked.
+  assert res["1"]["meshes"] and set(res["1"]["meshes"]) == {1}, res["1"]["meshes"]
+  assert res["4"]["meshes"] and set(res["4"]["meshes"]) == {4}, res["4"]["meshes"]
+  one, four = res["1"]["metrics"], res["4"]["metrics"]
   assert len(one) == len(four) == 3
   for ma, mb in zip(one, four):
     assert ma.keys() == mb.keys()
