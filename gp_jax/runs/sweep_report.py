@@ -14,6 +14,7 @@ import pathlib
 import numpy as np
 
 from gp_jax import errors
+from gp_jax import stats
 from gp_jax.runs import sweep as sweep_lib
 
 OPTIMUM = "optimum (DP)"
@@ -60,8 +61,7 @@ def aggregate(cells: list[dict]) -> dict[float, dict[str, dict]]:
         m[k].append(float(v))
   out = {}
   for a, pols in vals.items():
-    out[a] = {p: {k: (float(np.mean(v)), float(np.std(v, ddof=1)) if len(v) > 1 else 0.0, len(v))
-                  for k, v in ms.items()} for p, ms in pols.items()}
+    out[a] = {p: {k: stats.mean_std(v) for k, v in ms.items()} for p, ms in pols.items()}
   return dict(sorted(out.items()))
 
 
@@ -76,22 +76,9 @@ def paired_gaps(cells: list[dict], of: str = "GraphPlanner") -> dict[float, dict
     for p, v in rew.items():
       if p != of:
         gaps[float(c["alpha"])][p].append(rew[of] - v)
-  return {a: {p: (float(np.mean(g)), float(np.std(g, ddof=1)) if len(g) > 1 else 0.0,
-                  int(sum(x >= 0 for x in g)), len(g)) for p, g in pols.items()}
+  return {a: {p: stats.mean_std(g)[:2] + (int(sum(x >= 0 for x in g)), len(g))
+              for p, g in pols.items()}
           for a, pols in sorted(gaps.items())}
-
-
-# Two-sided 95% critical values of Student's t for 1..30 degrees of freedom (standard tables).
-_T975 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228, 2.201, 2.179,
-         2.160, 2.145, 2.131, 2.120, 2.110, 2.101, 2.093, 2.086, 2.080, 2.074, 2.069, 2.064,
-         2.060, 2.056, 2.052, 2.048, 2.045, 2.042)
-
-
-def t_critical_95(dof: int) -> float:
-  """Two-sided 95% critical value of Student's t (beyond 30 d.o.f. within 0.003 of the exact)."""
-  if dof < 1:
-    raise ValueError(f"need at least 1 degree of freedom, got {dof}")
-  return _T975[dof - 1] if dof <= 30 else 1.96 + 2.46 / dof
 
 
 def strongest_gaps(gaps: dict[float, dict[str, tuple]]) -> dict[float, tuple]:
@@ -105,7 +92,7 @@ def strongest_gaps(gaps: dict[float, dict[str, tuple]]) -> dict[float, tuple]:
     if rivals:
       p = min(rivals, key=lambda k: rivals[k][0])
       mean, std, _, n = rivals[p]
-      half = t_critical_95(n - 1) * std / math.sqrt(n)
+      half = stats.half_width_95(std, n)
       out[a] = (p, mean, mean - half, mean + half, n)
   return out
 

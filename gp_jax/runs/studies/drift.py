@@ -52,9 +52,9 @@ import time
 
 import ml_collections
 import numpy as np
-from scipy import stats as scipy_stats
 
 from gp_jax import errors
+from gp_jax import stats
 from gp_jax.baselines import labels as labels_lib
 from gp_jax.baselines import multi_round
 from gp_jax.baselines import single_round
@@ -79,17 +79,6 @@ TITLE = "Drift: the pool changes during evaluation (online memory vs frozen vs r
 
 
 # ---- metrics ------------------------------------------------------------------------------------
-def ci95(values) -> tuple[float, float, int]:
-  """(mean, half-width of the 95% t-interval, n) over seeds; the half-width is NaN for n < 2."""
-  v = np.asarray(values, float)
-  if not len(v):
-    return math.nan, math.nan, 0
-  if len(v) < 2:
-    return float(v[0]), math.nan, 1
-  half = float(scipy_stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
-  return float(v.mean()), half, len(v)
-
-
 def window_means(rewards, t: int, window: int) -> tuple[np.ndarray, np.ndarray]:
   """Per-window mean rewards of one stream.
 
@@ -123,7 +112,7 @@ def window_curve(rewards_by_seed, t: int, window: int) -> dict:
   per_seed = [window_means(r, t, window) for r in rewards_by_seed]
   offsets = per_seed[0][0]
   table = np.stack([m for _, m in per_seed])          # [S, W]
-  ci = [ci95(table[:, j]) for j in range(table.shape[1])]
+  ci = [stats.ci95(table[:, j]) for j in range(table.shape[1])]
   return dict(offsets=offsets.tolist(), mean=[c[0] for c in ci], half=[c[1] for c in ci],
               seeds=len(per_seed))
 
@@ -477,13 +466,13 @@ def summarize(cells: list[dict]) -> dict:
     ev = {}
     for label in list(ARMS) + list(best):
       r = [c["rewards"][best.get(label, label)] for c in cs]
-      ev[label] = dict(curve=window_curve(r, t, w), pre=ci95([np.mean(x[:t]) for x in r]),
-                       post=ci95([np.mean(x[t:]) for x in r]))
+      ev[label] = dict(curve=window_curve(r, t, w), pre=stats.ci95([np.mean(x[:t]) for x in r]),
+                       post=stats.ci95([np.mean(x[t:]) for x in r]))
       if label not in ("retrained", "optimum"):
-        ev[label]["recovery"] = ci95([recovery(x, c["rewards"]["retrained"], t, after, w)
+        ev[label]["recovery"] = stats.ci95([recovery(x, c["rewards"]["retrained"], t, after, w)
                                       for x, c in zip(r, cs)])
       if all(label in c.get("event_llm_share", {}) for c in cs):
-        ev[label]["share"] = [ci95([c["event_llm_share"][label][j] for c in cs]) for j in (0, 1)]
+        ev[label]["share"] = [stats.ci95([c["event_llm_share"][label][j] for c in cs]) for j in (0, 1)]
     out[kind] = dict(arms=ev, best=best, t=t, window=w, after=after,
                      event_llm=cs[0].get("event_llm"), vs_frozen=vs_frozen(cs, t),
                      seeds=sorted(c["seed"] for c in cs), n_test=cs[0]["n_test"],
@@ -502,7 +491,7 @@ def vs_frozen(cells: list[dict], t: int) -> dict:
   for a in MEMORY_ARMS:
     pairs = [(np.asarray(c["rewards"][a][t:], float), np.asarray(c["rewards"]["frozen"][t:], float))
              for c in cells]
-    out[a] = dict(diff=ci95([x.mean() - f.mean() for x, f in pairs]),
+    out[a] = dict(diff=stats.ci95([x.mean() - f.mean() for x, f in pairs]),
                   changed=float(np.mean([int((np.abs(x - f) > 1e-12).sum()) for x, f in pairs])),
                   queries=int(len(pairs[0][0])))
   return out

@@ -20,6 +20,7 @@ import pathlib
 import numpy as np
 
 from gp_jax import errors
+from gp_jax import stats
 from gp_jax.runs import sweep_report
 from gp_jax.runs.studies import drift
 from gp_jax.runs.studies import runner as runner_lib
@@ -40,11 +41,6 @@ def load_study(path: pathlib.Path) -> list[dict]:
   if bad:
     raise errors.DataError(f"{path}: a cell.json is not a study cell record")
   return cells
-
-
-def _stats(values) -> tuple[float, float, int]:
-  v = np.asarray(values, float)
-  return float(v.mean()), float(v.std(ddof=1)) if len(v) > 1 else 0.0, len(v)
 
 
 def _pm(t, digits=3) -> str:
@@ -90,7 +86,7 @@ def summarize_study(cells: list[dict]) -> tuple[list[dict], dict]:
       if (c.get("held_out_share") or {}).get("optimum") is not None:
         vals["optimum_held_out_share"].append(c["held_out_share"]["optimum"])
     variants.append(dict(name=name, seeds=[c["seed"] for c in cs],
-                         stats={k: _stats(v) for k, v in vals.items()},
+                         stats={k: stats.mean_std(v) for k, v in vals.items()},
                          train_overrides=cs[0].get("train_overrides", {}),
                          eval_overrides=cs[0].get("eval_overrides", {}),
                          history=cs[0].get("history"), few_shot=cs[0].get("few_shot", 0),
@@ -216,7 +212,7 @@ def study_markdown(name: str, cells: list[dict], figure: str | None) -> str:
   for ref in refs.values():
     rows = sorted(ref["rows"].items(), key=lambda kv: -np.mean(kv[1]))
     out.append(f"- evaluation system of {', '.join(ref['variants'])}: " + "; ".join(
-        f"{p} {_pm(_stats(v))}" for p, v in rows[:8]))
+        f"{p} {_pm(stats.mean_std(v))}" for p, v in rows[:8]))
   return "\n".join(out) + "\n"
 
 

@@ -51,14 +51,6 @@ def test_window_curve_interval_over_seeds():
   assert one["mean"] == [0.0, 1.0] and all(math.isnan(h) for h in one["half"])
 
 
-def test_ci95_against_a_plain_formula():
-  v = [0.2, 0.5, 0.3, 0.6]
-  m, h, n = drift.ci95(v)
-  assert (m, n) == (pytest.approx(0.4), 4)
-  assert h == pytest.approx(3.182446305 * np.std(v, ddof=1) / 2, rel=1e-6)
-  assert math.isnan(drift.ci95([0.1])[1]) and drift.ci95([])[2] == 0
-
-
 def test_recovery():
   ref = np.array([9., 9., 1., 1., 1., 1.])   # retrained: mean 1.0 after the event at t=2
   router = np.array([5., 5., 0., 0., .5, .9])
