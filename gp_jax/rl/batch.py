@@ -5,7 +5,9 @@ A `Batch` holds
                actions [N], old_logp [N], weights [N] (1 real, 0 padding) and the cell
                (episode [N], step [N]) of each transition in the grid below;
   rewards      [E, T]   r_t of episode e (0 past its end),
-  discounts    [E, T]   gamma, 0 at the episode's last step (terminal) and past its end,
+  continues    [E, T]   1 where episode e goes on after step t, 0 at its last step (terminal) and
+                        past its end; the discount gamma x continues is applied with GAE's lambda
+                        inside the update (both from the learner's PPOSettings),
   values       [E, T+1] V(s_t) the rollout recorded (0 past the end: no bootstrap).
 `build` makes one from finished episodes on the host; `advantages`, called inside the learner's
 jitted update (gp_jax.rl.ppo.learn), runs GAE (gp_jax.rl.gae) over the grid and gathers each
@@ -37,7 +39,7 @@ from gp_jax.graph import history as history_lib
 from gp_jax.rl import gae as gae_lib
 
 LAYOUTS = ("packed", "grid")
-EPISODE_FIELDS = ("rewards", "discounts", "values")
+EPISODE_FIELDS = ("rewards", "continues", "values")
 MAX_WASTE = 0.25   # buckets: largest padded share of a batch (beyond the smallest sizes)
 
 
@@ -46,12 +48,12 @@ class Batch:
   """One PPO update's data (module docstring)."""
   transitions: Any
   rewards: Any      # [E, T]
-  discounts: Any    # [E, T]
+  continues: Any    # [E, T]
   values: Any       # [E, T + 1]
 
 
 def build(transitions: Any, rewards: Sequence[Sequence[float]], values: Sequence[Sequence[float]],
-          *, gamma: float, size: int, num_episodes: int, num_steps: int, layout: str = "packed",
+          *, size: int, num_episodes: int, num_steps: int, layout: str = "packed",
           order: Sequence[int] | None = None) -> Batch:
   """A Batch from finished episodes (host arrays).
 
@@ -60,7 +62,6 @@ def build(transitions: Any, rewards: Sequence[Sequence[float]], values: Sequence
       episode 1's, ...; must hold actions [n] and old_logp [n].
     rewards, values: per episode e, its n_e rewards and recorded values (sum n_e = n; every
       episode ends at its last step).
-    gamma: the discount.
     size: N, the padded transition count ("grid": num_episodes x num_steps).
     num_episodes, num_steps: E and T of the grid (>= the episodes and their longest length).
     layout: "packed" or "grid" (module docstring).
@@ -84,7 +85,7 @@ def build(transitions: Any, rewards: Sequence[Sequence[float]], values: Sequence
   for e, (r, v) in enumerate(zip(rewards, values)):
     m = len(r)
     grid_r[e, :m] = r
-    grid_d[e, :m - 1] = gamma          # the last step is terminal
+    grid_d[e, :m - 1] = 1.0            # the last step is terminal
     grid_v[e, :m] = v
   episode = np.repeat(np.arange(len(lengths)), lengths).astype(np.int32)
   step = np.concatenate([np.arange(m) for m in lengths]).astype(np.int32)
@@ -106,14 +107,16 @@ def build(transitions: Any, rewards: Sequence[Sequence[float]], values: Sequence
     raise ValueError(f"unknown batch layout {layout!r}; known layouts: {', '.join(LAYOUTS)}")
   out = jax.tree_util.tree_map(lambda x: np.asarray(x)[take], transitions)
   out.update(episode=episode[take], step=step[take], weights=weights)
-  return Batch(transitions=out, rewards=grid_r, discounts=grid_d, values=grid_v)
+  return Batch(transitions=out, rewards=grid_r, continues=grid_d, values=grid_v)
 
 
-def advantages(batch: Batch, gae_lambda: float) -> tuple[chex.Array, chex.Array]:
-  """GAE advantages [N] and returns A + V [N] of the batch's transitions (0 for padding).
+def advantages(batch: Batch, gamma: float, gae_lambda: float) -> tuple[chex.Array, chex.Array]:
+  """GAE advantages [N] and returns A + V [N] of the batch's transitions (0 for padding), with
+  discount gamma and GAE lambda (the learner's PPOSettings).
 
   Traceable: the learner's jitted update calls it, so GAE runs in the same program as PPO."""
-  adv = gae_lib.batched_gae(batch.rewards, batch.discounts, batch.values, gae_lambda)
+  discounts = gamma * batch.continues
+  adv = gae_lib.batched_gae(batch.rewards, discounts, batch.values, gae_lambda)
   tr = batch.transitions
   e, t = tr["episode"], tr["step"]
   real = tr["weights"] > 0
@@ -152,7 +155,7 @@ def padded_size(n: int, sizes: list[int]) -> int:
 
 
 def build_batch(episodes: Sequence[Any], history: history_lib.HistoryMemory | None, *,
-                gamma: float, batch_size: int, num_episodes: int, max_calls: int,
+                batch_size: int, num_episodes: int, max_calls: int,
                 num_hubs: int) -> tuple[Batch, dict]:
   """GraphPlanner's packed Batch of `batch_size` transitions, and the history inputs, from
   finished rollout episodes (gp_jax.rl.rollout.Episode).
@@ -174,5 +177,5 @@ def build_batch(episodes: Sequence[Any], history: history_lib.HistoryMemory | No
                      hist_chunk=hist_inputs.pop("chunk").astype(np.int32),
                      hist_count=hist_inputs.pop("count").astype(np.float32))
   batch = build(transitions, [e.rewards for e in episodes], [e.values for e in episodes],
-                gamma=gamma, size=batch_size, num_episodes=num_episodes, num_steps=max_calls)
+                size=batch_size, num_episodes=num_episodes, num_steps=max_calls)
   return batch, hist_inputs

@@ -288,7 +288,7 @@ def learn(forward: Forward, optimizer: optax.GradientTransformation, settings: P
   Returns:
     (params, opt_state, metrics averaged over all steps: ppo_loss's, and grad_norm).
   """
-  adv, returns = batch_lib.advantages(batch, settings.gae_lambda)
+  adv, returns = batch_lib.advantages(batch, settings.gamma, settings.gae_lambda)
   data = dict(batch.transitions, advantages=normalize_advantages(adv, batch.transitions["weights"]),
               returns=returns)
   n = data["actions"].shape[0]

@@ -105,7 +105,6 @@ class LoopSettings:
       The best state by running reward is kept in memory when it improves and written as "best"
       together with the next "latest", so at most one best write per latest write.
     entropy_stop: the run stops early once the policy entropy of an update falls below this.
-    gamma: discount of the batch's advantages (their GAE lambda is the update's PPOSettings').
     max_calls: the MDP's bound on one episode's calls (the batch's episode grid).
     history: the history mode (HISTORY_MODES): which memory the decisions read and grow.
     history_capacity: rows the history memory keeps after each update's eviction.
@@ -118,7 +117,6 @@ class LoopSettings:
   seed: int
   checkpoint_every: int
   entropy_stop: float
-  gamma: float
   max_calls: int
   history: str
   history_capacity: int
@@ -283,8 +281,7 @@ def _iteration(loop: _Loop, state: ppo.TrainingState, meta: dict,
   t_upd = time.time()
   size = _padded_size(loop, meta, sum(len(e.rewards) for e in episodes))
   batch, hist_inputs = batch_lib.build_batch(
-      episodes, loop.history if s.history == "transductive" else None, gamma=s.gamma,
-      batch_size=size, num_episodes=s.episodes_per_iter, max_calls=s.max_calls,
+      episodes, loop.history if s.history == "transductive" else None, batch_size=size, num_episodes=s.episodes_per_iter, max_calls=s.max_calls,
       num_hubs=loop.env.space.size)
   if s.history == "summary":   # the summary every decision of this iteration read
     hist_inputs["summary"] = loop.runner.history_input_array()

@@ -127,6 +127,17 @@ def validate(config) -> None:
   make_model(config)                        # model errors before anything is built
 
 
+# Configs recorded before config.train.reward existed trained on the sampled score, so that is
+# their reward; every config made since carries the field (default config: "auto").
+REWARD_OF_OLDER_CONFIGS = "sampled"
+
+
+def train_reward(config) -> str:
+  """The training reward kind of `config` (config.train.reward; REWARD_OF_OLDER_CONFIGS when an
+  older recorded config has no such field)."""
+  return config.train.get("reward", REWARD_OF_OLDER_CONFIGS)
+
+
 def loop_settings(config, max_calls: int) -> rl_train.LoopSettings:
   """The learner's loop settings of config.train, config.ppo and config.model; max_calls: the
   MDP's bound on one episode's calls (learner.max_calls of the system)."""
@@ -134,7 +145,7 @@ def loop_settings(config, max_calls: int) -> rl_train.LoopSettings:
   return rl_train.LoopSettings(
       episodes=t.episodes, episodes_per_iter=t.episodes_per_iter, parallel=int(t.parallel),
       seed=config.seed, checkpoint_every=t.checkpoint_every, entropy_stop=config.ppo.entropy_stop,
-      gamma=config.ppo.gamma, max_calls=max_calls, history=config.model.history,
+      max_calls=max_calls, history=config.model.history,
       history_capacity=int(config.model.history_capacity),
       background_checkpoints=bool(t.get("background_checkpoints", False)))
 
@@ -174,7 +185,7 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
                       f"more without a warm XLA cache)")
   sysm = system or system_lib.build(config)
   settings = loop_settings(config, learner_cfg.max_calls(sysm))
-  env = sysm.env(float(config.alpha), reward=config.train.get("reward", "sampled"))
+  env = sysm.env(float(config.alpha), reward=train_reward(config))
   model = make_model(config, sysm.featurizer.spec)
   optimizer = learner_cfg.make_optimizer(config)
   update, batch_size = learner_cfg.make_update(config, sysm, model, optimizer,

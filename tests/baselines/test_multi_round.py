@@ -204,7 +204,7 @@ def test_r1_mask_is_router_r1s_action_set(system):
 
 def batch_loss(r, params, batch) -> float:
   """The clipped-PPO loss of Router-R1's net on a whole batch (as ppo.learn computes it)."""
-  adv, returns = batch_lib.advantages(batch, r.settings.gae_lambda)
+  adv, returns = batch_lib.advantages(batch, r.settings.gamma, r.settings.gae_lambda)
   tr = batch.transitions
   logits, values, mask = router_r1.forward(r.net, params, tr)
   return float(ppo.ppo_loss(logits, values, tr["actions"], tr["old_logp"],

@@ -81,7 +81,6 @@ def run_policy(config, pool: base.LLMPool) -> dict:
   env = env_lib.WorkflowEnv(sysm.space, sysm.mdp_cfg, pool, alpha=ALPHA, describe=describe,
                             scorer=word_match, sampling=SAMPLING)
   model = training.make_model(config)
-  p = config.ppo
   optimizer = ppo.make_optimizer(learner_cfg.ppo_settings(config))
   state = train_lib.init_state(model, sysm.featurizer, optimizer, config.seed)
   history = history_lib.HistoryMemory(sysm.featurizer.spec.row_dim, sysm.space.size,
@@ -151,10 +150,9 @@ def test_real_episodes_usage_cost_and_prompts(recorded, vllm_backend):
 def test_ppo_update_on_real_transitions(recorded):
   episodes, sysm, history = recorded["episodes"], recorded["system"], recorded["history"]
   config = recorded["config"]
-  p = config.ppo
   n = sum(len(e.rewards) for e in episodes)
   batch_size = batch_lib.batch_size_for(len(episodes), learner_cfg.max_calls(sysm), 1)
-  batch, hist = batch_lib.build_batch(episodes, history, gamma=p.gamma, batch_size=batch_size,
+  batch, hist = batch_lib.build_batch(episodes, history, batch_size=batch_size,
                                       num_episodes=len(episodes),
                                       max_calls=learner_cfg.max_calls(sysm),
                                       num_hubs=sysm.space.size)

@@ -44,7 +44,7 @@ def update_params(devices: int, history_capacity: int):
         env, sysm.featurizer, runner, sysm.train_queries[it * 16:(it + 1) * 16],
         key=jax.random.PRNGKey(it), greedy=False, history=history, grow_history=True,
         seed_salt=it))
-    batch, hist = batch_lib.build_batch(eps, history, gamma=0.99, batch_size=bsz, num_episodes=16,
+    batch, hist = batch_lib.build_batch(eps, history, batch_size=bsz, num_episodes=16,
                                         max_calls=learner_cfg.max_calls(sysm),
                                         num_hubs=sysm.space.size)
     state, m = update(state, hub, hist, batch)

@@ -56,17 +56,17 @@ def test_gae_inside_the_jit_equals_rl_gae_on_the_same_episodes(layout):
   E, T = 6, 7
   if layout == "packed":
     order = np.random.default_rng(1).permutation(sum(lengths))[:9]   # a shuffled chunk of 9
-    batch = batch_lib.build(transitions, rewards, values, gamma=GAMMA, size=16, num_episodes=E,
+    batch = batch_lib.build(transitions, rewards, values, size=16, num_episodes=E,
                             num_steps=T, order=order)
     cells = [(e, t) for e, n in enumerate(lengths) for t in range(n)]
     real = [cells[i] for i in order]
     slots = range(len(order))
   else:
-    batch = batch_lib.build(transitions, rewards, values, gamma=GAMMA, size=E * T,
+    batch = batch_lib.build(transitions, rewards, values, size=E * T,
                             num_episodes=E, num_steps=T, layout="grid")
     real = [(e, t) for e, n in enumerate(lengths) for t in range(n)]
     slots = [e * T + t for e, t in real]
-  adv, ret = jax.jit(batch_lib.advantages, static_argnums=1)(batch, LAMBDA)
+  adv, ret = jax.jit(batch_lib.advantages, static_argnums=(1, 2))(batch, GAMMA, LAMBDA)
   want = reference(rewards, values)
   for slot, (e, t) in zip(slots, real):
     assert adv[slot] == want[e][t], (slot, e, t)
@@ -81,7 +81,7 @@ def test_gae_inside_the_jit_equals_rl_gae_on_the_same_episodes(layout):
 def test_padding_has_zero_weight_in_the_update():
   """The update's result does not depend on what the padding slots hold."""
   transitions, rewards, values = episodes([4, 3, 2])
-  batch = batch_lib.build(transitions, rewards, values, gamma=GAMMA, size=16, num_episodes=4,
+  batch = batch_lib.build(transitions, rewards, values, size=16, num_episodes=4,
                           num_steps=4)
   assert batch.transitions["weights"].sum() == 9
   # padding copies the last real transition (finite inputs)
@@ -111,7 +111,7 @@ def test_padding_has_zero_weight_in_the_update():
 
 def test_bad_batches_are_refused():
   transitions, rewards, values = episodes([4, 3])
-  build = functools.partial(batch_lib.build, transitions, rewards, values, gamma=GAMMA)
+  build = functools.partial(batch_lib.build, transitions, rewards, values)
   with pytest.raises(ValueError, match="exceed the batch size"):
     build(size=6, num_episodes=2, num_steps=4)
   with pytest.raises(ValueError, match="exceed the grid"):
@@ -121,5 +121,5 @@ def test_bad_batches_are_refused():
   with pytest.raises(ValueError, match="unknown batch layout"):
     build(size=8, num_episodes=2, num_steps=4, layout="ragged")
   with pytest.raises(ValueError, match="differ in length"):
-    batch_lib.build(transitions, rewards, [values[0]], gamma=GAMMA, size=8, num_episodes=2,
+    batch_lib.build(transitions, rewards, [values[0]], size=8, num_episodes=2,
                     num_steps=4)

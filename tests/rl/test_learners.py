@@ -82,7 +82,7 @@ def test_router_r1_and_the_routed_counselor_run_the_shared_learner(spy):
   params = net.init(jax.random.PRNGKey(0), np.zeros((1, 4), np.float32))
   tr = dict(obs=np.ones((3, 4), np.float32), mask=np.ones((3, 3), bool),
             actions=np.zeros(3, np.int32), old_logp=np.full(3, -1.0, np.float32))
-  batch = batch_lib.build(tr, [[1.0, 0.5], [0.0]], [[0.1, 0.2], [0.3]], gamma=0.9, size=4,
+  batch = batch_lib.build(tr, [[1.0, 0.5], [0.0]], [[0.1, 0.2], [0.3]], size=4,
                           num_episodes=2, num_steps=2, layout="grid")
   update = router_r1.make_update(net, settings)
   update(params, router_r1.make_optimizer(settings).init(params), jax.random.PRNGKey(1), batch)

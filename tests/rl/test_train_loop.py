@@ -49,7 +49,7 @@ def test_explicit_pieces_reproduce_the_configured_run(tmp_path):
                                         mesh.size)
   settings = rl_train.LoopSettings(
       episodes=32, episodes_per_iter=16, parallel=16, seed=0, checkpoint_every=1,
-      entropy_stop=0.0, gamma=0.99, max_calls=max_calls, history="transductive",
+      entropy_stop=0.0, max_calls=max_calls, history="transductive",
       history_capacity=400)
   explicit = rl_train.train(tmp_path / "explicit", env=env, featurizer=sysm.featurizer,
                             queries=sysm.train_queries, model=model, optimizer=optimizer,

@@ -214,8 +214,7 @@ class RouterR1(base.MultiRoundRouter):
                        actions=np.concatenate([e["actions"] for e in episodes]).astype(np.int32),
                        old_logp=np.concatenate([e["logp"] for e in episodes]))
     return batch_lib.build(transitions, [e["rewards"] for e in episodes],
-                           [e["values"] for e in episodes], gamma=self.settings.gamma,
-                           size=self.batch * T, num_episodes=self.batch, num_steps=T,
+                           [e["values"] for e in episodes], size=self.batch * T, num_episodes=self.batch, num_steps=T,
                            layout="grid")
 
   def train(self, alpha: float) -> dict:

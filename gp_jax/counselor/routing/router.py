@@ -339,7 +339,7 @@ class Router:
     N = cfg.update_size
     out: list[dict] = []
     for start in range(0, n, N):
-      batch = batch_lib.build(transitions, rewards, values, gamma=cfg.ppo.gamma, size=N,
+      batch = batch_lib.build(transitions, rewards, values, size=N,
                               num_episodes=E, num_steps=T, order=perm[start:start + N])
       self.state, m = self._update(self.state, self.hub_features, self._hist, batch)
       out.append({k: float(v) for k, v in m.items()})

@@ -148,8 +148,7 @@ def few_shot_update(config, system, model, params, history, n: int, seed: int, *
   chunks = [[queries[(r * per_round + i) % len(queries)] for i in range(per_round)]
             for r in range(rounds)]
   runner = rollout.PolicyRunner(model, system.featurizer.hub_features, int(config.train.parallel))
-  env = system.env(float(config.alpha), reward=config.train.get("reward", "sampled"))
-  p = config.ppo
+  env = system.env(float(config.alpha), reward=training.train_reward(config))
   optimizer = learner_cfg.make_optimizer(config)
   update, batch_size = learner_cfg.make_update(config, system, model, optimizer, len(chunks[0]))
   params = jax.tree_util.tree_map(jnp.copy, params)   # the update donates its state's buffers
@@ -165,7 +164,7 @@ def few_shot_update(config, system, model, params, history, n: int, seed: int, *
         seed_salt=("few-shot", seed) if r == 0 else ("few-shot", seed, r)))
     if not updates:
       continue
-    batch, hist_inputs = batch_lib.build_batch(episodes, history, gamma=p.gamma,
+    batch, hist_inputs = batch_lib.build_batch(episodes, history,
                                                batch_size=batch_size,
                                                num_episodes=len(chunks[r]),
                                                max_calls=learner_cfg.max_calls(system),
