@@ -6,6 +6,7 @@ nothing was lost or changed that should not be (memory rows, feedback count); th
 that /metrics counted every refusal the module caused. The official openai client is used where a
 client would use it, raw http.client elsewhere."""
 import collections
+import csv
 import http.client
 import json
 import os
@@ -272,6 +273,35 @@ def test_a_flood_gets_429_with_retry_after_and_others_keep_their_share(served):
   assert (mem1["rows"], mem1["feedback"]) == (mem0["rows"], mem0["feedback"])
 
 
+def test_export_from_the_server_needs_the_admin_key(served, tmp_path):
+  srv, _ = served
+  out = tmp_path / "rows.csv"
+
+  def export(key):
+    env = dict(os.environ, PYTHONPATH=str(paths.REPO_ROOT))
+    env.pop("GP_JAX_API_KEY", None)
+    if key:
+      env["GP_JAX_API_KEY"] = KEYS[key][0]
+    return subprocess.run([sys.executable, "-m", "experiments.export_routes", f"--url={srv.url}",
+                           f"--out={out}", "--include_unscored"], cwd=paths.REPO_ROOT, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+  for key, status, why in ((None, 401, "is unset"), ("alice", 403, "is not an admin's")):
+    run = export(key)
+    assert run.returncode == 2 and not out.exists()
+    assert run.stderr.strip().splitlines()[-1] == (
+        f"error: {srv.url}/v1/routes answered {status}: it needs an admin API key in "
+        f"GP_JAX_API_KEY, which {why}")
+    REFUSED[("/v1/routes", status)] += 1
+  run = export("ops")
+  assert run.returncode == 0, run.stderr
+  routes = json.loads(_http(srv, "GET", "/v1/routes?since=0", key="ops")[2])["data"]
+  with open(out, newline="") as f:
+    table = list(csv.reader(f))
+  assert table[0] == list(store.LLMROUTER_FIELDS)
+  assert len(table) - 1 == sum(len(r["calls"]) for r in routes) > 0   # one row per call
+
+
 def test_metrics_count_what_happened(served):
   srv, _ = served
   status, headers, body = _http(srv, "GET", "/metrics", key="ops")
@@ -289,11 +319,11 @@ def test_metrics_count_what_happened(served):
       if status_ >= 400:
         counted[(labels["endpoint"].strip('"'), status_)] += int(value)
   assert counted == REFUSED, (counted, REFUSED)
-  assert samples['gp_router_rate_limited_total{limit="requests"}'] == REFUSED[
+  assert samples.get('gp_router_rate_limited_total{limit="requests"}', 0) == REFUSED[
       ("/v1/models", 429)]
   mem = _memory(srv)
   assert samples["gp_router_memory_rows"] == mem["rows"]
-  assert samples["gp_router_feedback_total"] == 3   # alice's, ops's, alice's JSON retry
+  assert samples["gp_router_feedback_total"] == mem["feedback"]   # a new memory: all of them
   assert samples['gp_router_served_total{kind="routed"}'] == len(json.loads(
       _http(srv, "GET", "/v1/routes?since=0", key="ops")[2])["data"])
   assert samples["gp_router_policy_calls_total"] >= 1
