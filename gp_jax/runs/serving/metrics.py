@@ -78,10 +78,10 @@ class _SessionCollector:
                   b.decisions)
     yield gauge("gp_router_decisions_per_policy_call", "Mean decisions per policy call so far.",
                 b.decisions / b.calls if b.calls else 0.0)
-    yield gauge("gp_router_memory_rows", "History memory rows the decisions read.",
-                len(s.history))
+    mem = s.memory_info()
+    yield gauge("gp_router_memory_rows", "History memory rows the decisions read.", mem["rows"])
     yield gauge("gp_router_memory_capacity", "History memory capacity (rows).",
-                s.history.capacity)
+                mem["capacity"])
     yield counter("gp_router_feedback", "Feedback accepted into the memory.", c["feedback"])
     served = CounterMetricFamily("gp_router_served", "Completions answered.",
                                  labels=["kind"])

@@ -117,7 +117,8 @@ class _StubSession:
     return dict(id=rid, score=score, rows_added=1, rows_evicted=0, memory_rows=1)
 
   def memory_info(self):
-    return dict(rows=7, path="/srv/secret/place/memory.npz", per_hub={})
+    return dict(rows=len(self.history), capacity=self.history.capacity,
+                path="/srv/secret/place/memory.npz", per_hub={})
 
   def health(self):
     return dict(status="ok", workdir="/home/someone/runs/alpha0.5", memory={"path": None})
@@ -202,7 +203,12 @@ def test_gate_keys_roles_and_own_feedback(tmp_path):
     r = await c.get("/boom", headers={**_auth("ops"), "x-request-id": "req-42"})
     body = await r.text()
     assert r.status == 500 and "req-42" in body and "secret" not in body and "Value" not in body
+    for path in ("/v1/nope", "/v1/nope/../../etc", "/%2e%2e/x"):   # not served: one label
+      assert (await c.get(path, headers=_auth("alice"))).status == 404
+    assert (await c.get("/v1/feedback", headers=_auth("alice"))).status == 405
     text = await (await c.get("/metrics", headers=_auth("ops"))).text()
+    assert 'gp_router_requests_total{endpoint="other",status="404"} 3.0' in text
+    assert "nope" not in text
     assert 'gp_router_requests_total{endpoint="/v1/feedback",status="404"} 2.0' in text
     assert 'gp_router_requests_total{endpoint="/v1/memory",status="403"} 1.0' in text
     assert "gp_router_memory_rows 7.0" in text and "gp_router_feedback_total 2.0" in text
