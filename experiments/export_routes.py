@@ -6,8 +6,12 @@
 Columns: task_name, query, ground_truth, metric, model_name, response, performance, token_num.
 performance is the request's feedback score; requests without feedback are left out unless
 --include_unscored (performance then null).
+
+A server with --api_keys_file answers /v1/routes to an admin key only: give it in the
+GP_JAX_API_KEY environment variable (not a flag, so it stays out of the process list).
 """
 import json
+import os
 import sys
 import urllib.error
 import urllib.request
@@ -22,15 +26,25 @@ _LOG = flags.DEFINE_string("route_log", "", "Route log (JSONL) written by serve_
 _URL = flags.DEFINE_string("url", "", "Or a running server's base URL (reads /v1/routes).")
 _OUT = flags.DEFINE_string("out", "routes.jsonl", "Output file (.jsonl, or .csv).")
 _ALL = flags.DEFINE_bool("include_unscored", False, "Also write requests without feedback.")
+API_KEY_ENV = "GP_JAX_API_KEY"
 
 
 def _from_server(url: str) -> list[dict]:
   out, since = [], 0.0
+  key = os.environ.get(API_KEY_ENV, "")
+  headers = {"Authorization": f"Bearer {key}"} if key else {}
   while True:
+    req = urllib.request.Request(f"{url.rstrip('/')}/v1/routes?since={since!r}&limit=1000",
+                                 headers=headers)
     try:
-      with urllib.request.urlopen(f"{url.rstrip('/')}/v1/routes?since={since!r}&limit=1000",
-                                  timeout=30) as r:
+      with urllib.request.urlopen(req, timeout=30) as r:
         page = json.loads(r.read())
+    except urllib.error.HTTPError as e:
+      if e.code in (401, 403):
+        why = {401: "is not a valid key", 403: "is not an admin's"}[e.code] if key else "is unset"
+        raise errors.BackendError(f"{url}/v1/routes answered {e.code}: it needs an admin API key "
+                                  f"in {API_KEY_ENV}, which {why}") from None
+      raise errors.BackendError(f"cannot read {url}/v1/routes: {e}") from None
     except (urllib.error.URLError, OSError, json.JSONDecodeError) as e:
       raise errors.BackendError(f"cannot read {url}/v1/routes: {e}") from None
     out += page["data"]

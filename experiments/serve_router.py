@@ -6,6 +6,8 @@
 The workdir's recorded config and best checkpoint define the router; --config.* may change only
 where the backbones are (--config.backend=endpoints --config.endpoints_file=...), timeouts, caches
 and sampling.max_tokens. Default backend: the embedded simulator, as the run was trained.
+
+Anything but a loopback --host needs --api_keys_file (docs/serving.md, Keys, limits and metrics).
 """
 import pathlib
 
@@ -14,6 +16,8 @@ from ml_collections import config_flags
 
 from experiments import common
 from gp_jax.runs.serving import app
+from gp_jax.runs.serving import auth
+from gp_jax.runs.serving import ratelimit
 from gp_jax.runs.serving import session
 
 _CONFIG = common.define_config("experiments/configs/default.py",
@@ -36,11 +40,28 @@ _DEFAULT_TASK = flags.DEFINE_string("default_task", "",
                                     "on the simulator, the first training task otherwise).")
 _MAX_BODY = flags.DEFINE_integer("max_body_bytes", 1 << 20, "Larger request bodies get 413.")
 _DEADLINE = flags.DEFINE_float("deadline_s", 600.0, "A request unanswered after this gets 504.")
+_KEYS = flags.DEFINE_string("api_keys_file", "",
+                            'API keys, JSON {"keys": [{"name", "sha256", "role": "client" | '
+                            '"admin"}]} (\'\' = no keys: loopback --host only).')
+_ALLOWED_HOSTS = flags.DEFINE_list("allowed_hosts", [],
+                                   "Host header names served besides --host and the loopback "
+                                   "names ('*' = any, behind a proxy that checks Host).")
+_RATE = flags.DEFINE_float("rate_limit_rps", 0.0, "Requests per second per key (per client "
+                           "address without keys); 0 = no limit.")
+_BURST = flags.DEFINE_integer("rate_limit_burst", 20, "Token bucket size of the request and "
+                              "feedback limits (requests at once after an idle while).")
+_FEEDBACK_RPS = flags.DEFINE_float("feedback_rps", 0.0, "Feedback per second per key (per "
+                                   "client address without keys); 0 = no limit.")
 
 
 @common.user_errors_exit_2
 def main(argv):
   del argv
+  keys = auth.load(_KEYS.value) if _KEYS.value else None
+  auth.check_bind(_HOST.value, keys)   # before the slow start: refuse at once
+  # Bad limits are refused here too, before the router loads.
+  ratelimit.TokenBuckets(_RATE.value, _BURST.value, what="--rate_limit_rps")
+  ratelimit.TokenBuckets(_FEEDBACK_RPS.value, _BURST.value, what="--feedback_rps")
   overrides = config_flags.get_override_values(flags.FLAGS["config"])
   config = session.load_config(_WORKDIR.value, overrides)
   memory = _MEMORY_PATH.value or str(pathlib.Path(_WORKDIR.value) / "served" / "memory.npz")
@@ -51,7 +72,9 @@ def main(argv):
                             memory_path=memory, route_log=log,
                             default_task=_DEFAULT_TASK.value or None)
   app.serve(s, host=_HOST.value, port=_PORT.value, max_body_bytes=_MAX_BODY.value,
-            deadline_s=_DEADLINE.value)
+            deadline_s=_DEADLINE.value, keys=keys, allowed_hosts=tuple(_ALLOWED_HOSTS.value),
+            rate_limit_rps=_RATE.value, rate_limit_burst=_BURST.value,
+            feedback_rps=_FEEDBACK_RPS.value)
 
 
 if __name__ == "__main__":

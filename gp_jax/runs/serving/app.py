@@ -10,6 +10,10 @@
   GET  /v1/routes?since=T    served requests created after unix time T (&limit=N)
   GET  /v1/memory            the history memory: rows, capacity, rows per (role, LLM) hub
   GET  /health               liveness and counters
+  GET  /metrics              Prometheus text format (metrics.py)
+
+Every request first passes the gate (guard.py): Host header, Content-Type of POST bodies, API key
+(auth.py: `--api_keys_file`, `Authorization: Bearer <key>`), role, per-caller rate limits.
 
 Extension fields of a completion (the OpenAI fields are unchanged): `graphplanner` holds the
 route (one entry per LLM call: step, role, llm, node, input/output tokens, cost_usd, latency_s,
@@ -21,8 +25,11 @@ route compactly ("role:llm,role:llm,...") and `x-gp-cost-usd` the total $ cost. 
 tokens of every call.
 
 Errors use OpenAI's format, {"error": {"message", "type", "param", "code"}}: malformed JSON or
-missing user message 400, unknown model or id 404, body over the size limit 413, a request the
-backbones could not answer 502, one past the deadline 504.
+missing user message 400, no valid key 401, a role that may not 403, unknown model or id 404
+(also feedback on another key's completion), body over the size limit 413, a body that is not
+JSON 415, a Host not served 421, a rate limit 429 (Retry-After), a request the backbones could
+not answer 502, one past the deadline 504. An unexpected error is a 500 that names the request
+id only; its details go to the server log. No error body carries exception text or file paths.
 """
 from __future__ import annotations
 
@@ -31,28 +38,49 @@ import dataclasses
 import json
 import logging
 import math
+import os
+import re
 import signal
+import time
+import uuid
 
 from aiohttp import web
 
 from gp_jax.llm import base
+from gp_jax.runs.serving import auth
+from gp_jax.runs.serving import guard as guard_lib
+from gp_jax.runs.serving import metrics as metrics_lib
+from gp_jax.runs.serving import ratelimit
 from gp_jax.runs.serving import session as session_lib
 
 RequestError = session_lib.RequestError
 SESSION_KEY = web.AppKey("session", session_lib.RouterSession)
 DEADLINE_KEY = web.AppKey("deadline_s", float)
 MAX_BODY_KEY = web.AppKey("max_body_bytes", int)
+GUARD_KEY = web.AppKey("guard", guard_lib.Guard)
+METRICS_KEY = web.AppKey("metrics", metrics_lib.Metrics)
+PRINCIPAL = web.RequestKey("principal", object)   # the auth.Principal the gate let in (or None)
+MAX_ROUTES_PAGE = 1000       # most records of one /v1/routes page (a larger limit is capped)
 STREAM_PIECE_CHARS = 24     # characters of the answer per SSE chunk
-_TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
-          409: "conflict_error", 413: "invalid_request_error", 502: "backbone_error",
-          503: "server_error", 504: "timeout_error"}
+_TYPES = {400: "invalid_request_error", 401: "invalid_request_error", 403: "permission_error",
+          404: "not_found_error", 405: "invalid_request_error", 409: "conflict_error",
+          413: "invalid_request_error", 415: "invalid_request_error",
+          421: "invalid_request_error", 429: "rate_limit_error", 500: "server_error",
+          502: "backbone_error", 503: "server_error", 504: "timeout_error"}
+_SAFE_ID = re.compile(r"[A-Za-z0-9._:-]{1,128}")
 
 
 def error_response(status: int, message: str, code: str | None = None,
-                   param: str | None = None) -> web.Response:
+                   param: str | None = None, headers: dict | None = None) -> web.Response:
   body = {"error": {"message": message, "type": _TYPES.get(status, "server_error"),
                     "param": param, "code": code}}
-  return web.json_response(body, status=status)
+  return web.json_response(body, status=status, headers=headers)
+
+
+def _request_id(request: web.Request) -> str:
+  """The request's id for logs: the client's x-request-id when it is a plain token, else new."""
+  rid = request.get("request_id") or request.headers.get("x-request-id", "")
+  return rid if _SAFE_ID.fullmatch(rid) else uuid.uuid4().hex
 
 
 @web.middleware
@@ -62,6 +90,8 @@ async def openai_errors(request: web.Request, handler):
     return await handler(request)
   except RequestError as e:
     return error_response(e.status, e.message, e.code, e.param)
+  except guard_lib.Refused as e:
+    return error_response(e.status, e.message, e.code, headers=e.headers)
   except web.HTTPRequestEntityTooLarge:
     return error_response(413, f"request body too large (limit "
                           f"{request.app[MAX_BODY_KEY]} bytes)", "body_too_large")
@@ -71,17 +101,72 @@ async def openai_errors(request: web.Request, handler):
     return error_response(e.status, e.reason, e.reason.lower().replace(" ", "_"))
   except (asyncio.CancelledError, KeyboardInterrupt):
     raise
-  except Exception as e:   # a bug must not take the server down: log it, answer 500
-    logging.getLogger(__name__).exception("request failed")
-    return error_response(500, f"internal error: {type(e).__name__}: {e}", "internal_error")
+  except Exception:   # a bug must not take the server down: log it, answer 500
+    rid = _request_id(request)
+    logging.getLogger(__name__).exception("request %s (%s %s) failed", rid, request.method,
+                                          request.path)
+    return error_response(500, f"internal error (request id {rid}; the details are in the "
+                          "server log)", "internal_error", headers={"x-request-id": rid})
+
+
+def _endpoint(request: web.Request) -> str:
+  """The metrics label of a request: its route's path pattern, "other" for paths not served."""
+  route = request.match_info.route
+  resource = route.resource if route is not None else None
+  if resource is None or isinstance(request.match_info.http_exception, web.HTTPException):
+    return "other"
+  return resource.canonical
+
+
+@web.middleware
+async def observe(request: web.Request, handler):
+  """Counts every answered request by endpoint and status, with its latency (outermost)."""
+  m = request.app[METRICS_KEY]
+  t0 = time.perf_counter()
+  status = 499   # the client went away before an answer (the handler was cancelled)
+  try:
+    resp = await handler(request)
+    status = resp.status
+    return resp
+  except web.HTTPException as e:
+    status = e.status
+    raise
+  finally:
+    m.request(_endpoint(request), status, time.perf_counter() - t0)
+
+
+@web.middleware
+async def gate(request: web.Request, handler):
+  """Host, Content-Type, key, role and rate limits (guard.py) before any handler."""
+  request[PRINCIPAL] = request.app[GUARD_KEY].check(request)
+  return await handler(request)
+
+
+def _key_name(request: web.Request) -> str | None:
+  who = request.get(PRINCIPAL)
+  return who.name if who is not None else None
+
+
+def _no_paths(value):
+  """`value` with every absolute path reduced to its last part (no server layout in answers)."""
+  if isinstance(value, dict):
+    return {k: _no_paths(v) for k, v in value.items()}
+  if isinstance(value, list):
+    return [_no_paths(v) for v in value]
+  if isinstance(value, str) and os.path.isabs(value):
+    return os.path.basename(value.rstrip("/")) or "/"
+  return value
 
 
 async def _json_body(request: web.Request) -> dict:
   raw = await request.read()   # over client_max_size: HTTPRequestEntityTooLarge (413)
   try:
     body = json.loads(raw)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise RequestError(400, f"request body is not valid JSON ({e})", "invalid_json") from None
+  except json.JSONDecodeError as e:
+    raise RequestError(400, f"request body is not valid JSON (line {e.lineno}, column "
+                       f"{e.colno})", "invalid_json") from None
+  except UnicodeDecodeError:
+    raise RequestError(400, "request body is not valid JSON (not UTF-8)", "invalid_json") from None
   if not isinstance(body, dict):
     raise RequestError(400, "request body must be a JSON object", "invalid_json")
   return body
@@ -209,6 +294,7 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
   rid = session_lib.new_id()
   served = await _serve(request, s, req, rid)
   rec = served.record
+  request.app[METRICS_KEY].served(rec)
   if not req.stream:
     out = {"id": rid, "object": "chat.completion", "created": int(rec["created"]),
            "model": req.model,
@@ -253,9 +339,10 @@ async def _serve(request: web.Request, s: session_lib.RouterSession, req: _ChatR
   try:
     if req.model == session_lib.ROUTER_MODEL:
       coro = s.complete(session_lib.last_user_text(req.messages), task=req.task, rid=rid,
-                        seed=req.seed)
+                        seed=req.seed, key=_key_name(request))
     else:
-      coro = s.passthrough(req.model, req.messages, req.params, task=req.task, rid=rid)
+      coro = s.passthrough(req.model, req.messages, req.params, task=req.task, rid=rid,
+                           key=_key_name(request))
     return await asyncio.wait_for(coro, deadline)
   except asyncio.TimeoutError:
     s.counters["timeout"] += 1
@@ -307,7 +394,12 @@ async def feedback(request: web.Request) -> web.Response:
       or not 0.0 <= score <= 1.0):
     raise RequestError(400, f"score must be a number in [0, 1], got {score!r}", "invalid_score",
                        "score")
-  out = await s.feedback(rid, float(score))
+  who = request.get(PRINCIPAL) or auth.ANONYMOUS
+  rec = s.routes.get(rid)
+  if rec is not None and not auth.may_feedback(who, rec):
+    # Exactly the unknown-id answer: a client cannot tell another key's id from a made-up one.
+    raise RequestError(404, f"no served completion with id {rid!r}", "unknown_id", "id")
+  out = await s.feedback(rid, float(score), key=who.name)
   return web.json_response(dict(out, object="feedback"))
 
 
@@ -322,38 +414,57 @@ async def routes(request: web.Request) -> web.Response:
   if not math.isfinite(since) or limit < 1:
     raise RequestError(400, "since must be a finite unix time and limit >= 1",
                        "invalid_parameter", "since")
-  data = s.routes.since(since, limit)
+  data = s.routes.since(since, min(limit, MAX_ROUTES_PAGE))
   return web.json_response({"object": "list", "data": data,
                             "last": data[-1]["created"] if data else since})
 
 
 async def memory(request: web.Request) -> web.Response:
-  return web.json_response(request.app[SESSION_KEY].memory_info())
+  return web.json_response(_no_paths(request.app[SESSION_KEY].memory_info()))
 
 
 async def health(request: web.Request) -> web.Response:
-  return web.json_response(request.app[SESSION_KEY].health())
+  if request.get(PRINCIPAL) is None:   # no valid key (keys are set): liveness only
+    return web.json_response({"status": "ok"})
+  return web.json_response(_no_paths(request.app[SESSION_KEY].health()))
+
+
+async def prometheus(request: web.Request) -> web.Response:
+  body = request.app[METRICS_KEY].render()
+  return web.Response(body=body, headers={"Content-Type": metrics_lib.CONTENT_TYPE})
 
 
 def make_app(session: session_lib.RouterSession, *, max_body_bytes: int = 1 << 20,
-             deadline_s: float = 600.0) -> web.Application:
+             deadline_s: float = 600.0, keys: auth.KeyRing | None = None,
+             host: str = "127.0.0.1", allowed_hosts=(), rate_limit_rps: float = 0.0,
+             rate_limit_burst: int = 20, feedback_rps: float = 0.0) -> web.Application:
   """The aiohttp application serving `session`.
 
   Args:
     max_body_bytes: larger request bodies get 413.
     deadline_s: a request unanswered after this many seconds gets 504 (its workflow is
       cancelled).
+    keys: the API keys (None: no keys, every caller is the anonymous admin).
+    host: the bound host; with `allowed_hosts` and the loopback names, the Host headers served.
+    rate_limit_rps, rate_limit_burst, feedback_rps: per-caller token buckets (0: off).
   """
-  app = web.Application(client_max_size=max_body_bytes, middlewares=[openai_errors])
+  app = web.Application(client_max_size=max_body_bytes,
+                        middlewares=[observe, openai_errors, gate])
   app[SESSION_KEY] = session
   app[DEADLINE_KEY] = float(deadline_s)
   app[MAX_BODY_KEY] = int(max_body_bytes)
+  app[METRICS_KEY] = metrics = metrics_lib.Metrics(session)
+  app[GUARD_KEY] = guard_lib.Guard(
+      keys, auth.HostCheck(host, allowed_hosts),
+      ratelimit.TokenBuckets(rate_limit_rps, rate_limit_burst),
+      ratelimit.TokenBuckets(feedback_rps, rate_limit_burst), metrics)
   app.router.add_get("/v1/models", list_models)
   app.router.add_post("/v1/chat/completions", chat_completions)
   app.router.add_post("/v1/feedback", feedback)
   app.router.add_get("/v1/routes", routes)
   app.router.add_get("/v1/memory", memory)
   app.router.add_get("/health", health)
+  app.router.add_get("/metrics", prometheus)
 
   async def close(app):
     await session.aclose()
@@ -362,12 +473,18 @@ def make_app(session: session_lib.RouterSession, *, max_body_bytes: int = 1 << 2
 
 
 def serve(session: session_lib.RouterSession, *, host: str, port: int, max_body_bytes: int,
-          deadline_s: float, print_fn=print) -> None:
+          deadline_s: float, keys: auth.KeyRing | None = None, allowed_hosts=(),
+          rate_limit_rps: float = 0.0, rate_limit_burst: int = 20, feedback_rps: float = 0.0,
+          print_fn=print) -> None:
   """Serves until SIGINT or SIGTERM, then flushes the memory and closes the backends.
 
   Prints one line "serving graphplanner ... on http://HOST:PORT/v1" once it accepts connections
-  (port 0 picks a free port; the line names it)."""
-  app = make_app(session, max_body_bytes=max_body_bytes, deadline_s=deadline_s)
+  (port 0 picks a free port; the line names it). Refuses (ConfigError) a non-loopback `host`
+  without `keys`."""
+  auth.check_bind(host, keys)
+  app = make_app(session, max_body_bytes=max_body_bytes, deadline_s=deadline_s, keys=keys,
+                 host=host, allowed_hosts=allowed_hosts, rate_limit_rps=rate_limit_rps,
+                 rate_limit_burst=rate_limit_burst, feedback_rps=feedback_rps)
 
   async def main():
     runner = web.AppRunner(app, access_log=None, handle_signals=False)

@@ -363,18 +363,19 @@ class RouterSession:
     return self._slots
 
   async def complete(self, text: str, *, task: str | None = None, rid: str | None = None,
-                     seed: int | None = None) -> Served:
-    """Runs the learned workflow on one query. Raises RequestError when it cannot be answered."""
+                     seed: int | None = None, key: str | None = None) -> Served:
+    """Runs the learned workflow on one query. Raises RequestError when it cannot be answered.
+    `key`: the name of the API key that asked (the route record's `key`; None without keys)."""
     task = self.check_task(task)
     rid = rid or new_id()
     async with self._slot():
       self.in_flight += 1
       try:
-        return await self._complete(text, task, rid, seed)
+        return await self._complete(text, task, rid, seed, key)
       finally:
         self.in_flight -= 1
 
-  async def _complete(self, text, task, rid, seed) -> Served:
+  async def _complete(self, text, task, rid, seed, key=None) -> Served:
     t0 = time.perf_counter()
     created = time.time()
     q = self.make_query(text, task, rid)
@@ -409,7 +410,7 @@ class RouterSession:
       raise RequestError(502, f"the workflow produced no answer: {len(failed)} of {len(calls)} "
                          f"backbone calls failed ({kinds})", "backbone_error")
     record = dict(type="route", id=rid, created=created, model=ROUTER_MODEL, alpha=self.alpha,
-                  task=task, query=q.query, answer=state.final_answer, calls=calls,
+                  key=key, task=task, query=q.query, answer=state.final_answer, calls=calls,
                   usage=_usage(calls), cost_usd=sum(c["cost_usd"] for c in calls),
                   history_rows=history_rows,
                   timing=dict(total_s=total_s, backbone_s=backbone_s,
@@ -420,7 +421,8 @@ class RouterSession:
     return Served(state.final_answer, record)
 
   async def passthrough(self, model: str, messages: list[dict], params: base.SamplingParams, *,
-                        task: str | None = None, rid: str | None = None) -> Served:
+                        task: str | None = None, rid: str | None = None,
+                        key: str | None = None) -> Served:
     """One call of backbone `model`, no routing. On the simulator (which answers only the
     workflow's role prompts) the last user message is asked as one Executor call."""
     task = self.check_task(task)
@@ -446,8 +448,8 @@ class RouterSession:
                 output_text=out.text, input_tokens=out.input_tokens,
                 output_tokens=out.output_tokens, cost_usd=out.cost_usd,
                 latency_s=out.latency_s or total_s, error=None)
-    record = dict(type="route", id=rid, created=created, model=model, alpha=None, task=task,
-                  query=q.query, answer=out.text, calls=[call], usage=_usage([call]),
+    record = dict(type="route", id=rid, created=created, model=model, alpha=None, key=key,
+                  task=task, query=q.query, answer=out.text, calls=[call], usage=_usage([call]),
                   cost_usd=out.cost_usd, history_rows=None,
                   timing=dict(total_s=total_s, backbone_s=total_s, router_s=0.0, compute_s=0.0,
                               decisions=0))
@@ -460,8 +462,10 @@ class RouterSession:
     k = self.runner.retrieval_k
     return features_lib.RetrievalIndex(self.featurizer, k) if k else None
 
-  async def feedback(self, rid: str, score: float) -> dict:
+  async def feedback(self, rid: str, score: float, *, key: str | None = None) -> dict:
     """Adds a served request's calls to the history memory with utility `score` and persists it.
+    `key`: the name of the API key that sent it (recorded with it; who may send feedback on
+    which completion is the HTTP layer's check, auth.may_feedback).
 
     Raises:
       RequestError: unknown id (404), feedback already given (409), score outside [0, 1] (400).
@@ -505,7 +509,8 @@ class RouterSession:
       self.feedback_ids.popitem(last=False)
     self._seq += 1
     self._pending.append((self._seq, rows, hubs, rid))
-    self.routes.append(dict(type="feedback", id=rid, score=float(score), created=time.time()))
+    self.routes.append(dict(type="feedback", id=rid, score=float(score), key=key,
+                            created=time.time()))
     self.counters["feedback"] += 1
     await self.flush()   # acknowledged feedback is on disk
     return dict(id=rid, score=float(score), rows_added=len(rows), rows_evicted=evicted,

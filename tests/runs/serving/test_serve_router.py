@@ -1,6 +1,7 @@
 """experiments/serve_router.py as users run it: a real server process on the simulator, serving a
 workdir trained with experiments/configs/test.py (trained once per session), spoken to with the
-official `openai` client (and raw HTTP where the client hides the wire format)."""
+official `openai` client (and raw HTTP where the client hides the wire format). The trained
+workdir is conftest.py's `workdir`."""
 import asyncio
 import csv
 import json
@@ -23,14 +24,6 @@ from gp_jax.runs.serving import process
 from gp_jax.runs.serving import store
 
 QUERY = "Which planet in the solar system has the most moons, and how many were confirmed by 2023?"
-
-
-@pytest.fixture(scope="session")
-def workdir(tmp_path_factory):
-  from gp_jax.runs import pipeline
-  wd = tmp_path_factory.mktemp("router") / "run"
-  pipeline.train_and_evaluate(test_config.get_config(), wd, evaluate=False, verbose=False)
-  return wd
 
 
 @pytest.fixture(scope="module")
