@@ -312,3 +312,27 @@ def test_lost_connection_reconnects_and_stores_once(pg_url, namespace):
     assert fb.seq == 3   # retried on a new connection, with the seq the lost one gave back
     assert [f.rid for f in s.feedback_after(0)] == ["before", "after-idle", "mid-write"]
     assert s.append_route({"id": "r"}) == 1
+
+
+def test_connection_lost_during_the_commit_is_resolved_by_the_token(pg_url, namespace,
+                                                                     monkeypatch):
+  """The server commits, then the connection drops before the client hears it: the store finds
+  its write by the token and acknowledges it, instead of writing it again or calling it lost."""
+  with _store(pg_url, namespace) as s:
+    real_exit = psycopg.Transaction.__exit__
+    drops = []
+
+    def exit_then_drop(self, exc_type, exc, tb):
+      out = real_exit(self, exc_type, exc, tb)
+      if exc_type is None and not drops:   # committed; the reply "never arrives"
+        drops.append(1)
+        self._conn.close()
+        raise psycopg.OperationalError("server closed the connection unexpectedly")
+      return out
+    monkeypatch.setattr(psycopg.Transaction, "__exit__", exit_then_drop)
+    fb = s.add_feedback(_fb("once"))
+    seq = s.append_route({"id": "once"})
+    monkeypatch.undo()
+    assert drops == [1] and fb.seq == 1 and seq == 1
+    assert [(f.seq, f.rid) for f in s.feedback_after(0)] == [(1, "once")]
+    assert [r["seq"] for r in s.routes_after(0, 10)] == [1]

@@ -219,34 +219,39 @@ class PostgresStore:
 
   def _write(self, what: str, table: str, fn, *args):
     """A write fn(conn, token, *args) -> result in one transaction, acknowledged only once
-    committed. When the connection breaks on the way, the token tells whether it was written:
-    yes -> the stored result, no -> one retry, then StorageError (nothing stored)."""
+    committed. A connection lost before the commit was sent: nothing was stored, one retry on a
+    new connection. Lost during the commit: the write's token tells whether it was stored (yes:
+    its result; no: one retry). Otherwise StorageError, and nothing was stored."""
     with self._lock:
       for attempt in (0, 1):
         token = uuid.uuid4()
         conn = self._connect()
+        committing = False
         try:
           with conn.transaction():
             out = fn(conn, token, *args)
             if self._hold_before_commit_s:
               time.sleep(self._hold_before_commit_s)
+            committing = True
           return out
         except psycopg.OperationalError as e:
-          if not (conn.broken or conn.closed):
-            raise errors.StorageError(f"{self.where}: could not {what}: "
-                                      f"{self._clean(_reason(e))}; nothing was stored") from None
-          self._drop()
-          try:
-            seq = self._run("check a write", _seq_of_token, table, token)
-          except errors.StorageError as e2:
-            raise errors.StorageError(
-                f"{self.where}: could not {what} (connection lost: {self._clean(_reason(e))}) "
-                f"and could not check whether it was stored: {e2}") from None
-          if seq is not None:
-            return seq
-          if attempt == 1:
-            raise errors.StorageError(f"{self.where}: could not {what}: "
-                                      f"{self._clean(_reason(e))}; nothing was stored") from None
+          lost = conn.broken or conn.closed
+          if lost:
+            self._drop()
+          if lost and committing:   # the server may have committed before the connection went
+            try:
+              seq = self._run("check a write", _seq_of_token, table, token)
+            except errors.StorageError as e2:
+              raise errors.StorageError(
+                  f"{self.where}: could not {what}: the connection was lost during the commit "
+                  f"({self._clean(_reason(e))}) and whether it was stored cannot be checked: "
+                  f"{e2}") from None
+            if seq is not None:
+              return seq
+          if lost and attempt == 0:
+            continue
+          raise errors.StorageError(f"{self.where}: could not {what}: "
+                                    f"{self._clean(_reason(e))}; nothing was stored") from None
         except psycopg.Error as e:   # refused by the server: the transaction was rolled back
           raise errors.StorageError(f"{self.where}: could not {what}: "
                                     f"{self._clean(_reason(e))}; nothing was stored") from None
