@@ -91,16 +91,19 @@ def test_round_trip(pg_url, namespace):
     assert s.load().base_seq == 2
 
 
-def test_compaction_drops_rows_only_two_bases_back(pg_url, namespace):
-  with _store(pg_url, namespace) as s:
-    s.write_base(np.zeros((0, ROW_DIM), np.float32), np.zeros(0, np.int32), {}, seq=0)
+def test_compaction_keeps_folded_rows_for_followers_then_drops_them(pg_url, namespace):
+  empty = np.zeros((0, ROW_DIM), np.float32), np.zeros(0, np.int32)
+  with _store(pg_url, namespace) as s, _store(pg_url, namespace, keep_folded_rows_s=0.5) as t:
+    s.write_base(*empty, {}, seq=0)
     for i in range(4):
       s.add_feedback(_fb(f"c{i}"))
-    s.write_base(np.zeros((0, ROW_DIM), np.float32), np.zeros(0, np.int32), {}, seq=2)
-    assert [f.seq for f in s.feedback_after(0)] == [1, 2, 3, 4]   # nothing dropped yet
-    s.write_base(np.zeros((0, ROW_DIM), np.float32), np.zeros(0, np.int32), {}, seq=4)
-    assert [f.seq for f in s.feedback_after(2)] == [3, 4]   # a follower one compaction behind
-    with pytest.raises(errors.DataError, match="fell more than one compaction behind"):
+    s.write_base(*empty, {}, seq=2)   # rows kept an hour: a follower behind the base reads them
+    t.write_base(*empty, {}, seq=3)   # another replica's newer base, its rows kept 0.5 s
+    assert [f.seq for f in s.feedback_after(0)] == [1, 2, 3, 4]
+    time.sleep(1.0)
+    t.write_base(*empty, {}, seq=4)
+    assert s.feedback_after(4) == [] and s.load().base_seq == 4
+    with pytest.raises(errors.DataError, match="feedback 1 was folded into a newer memory base.*restart it"):
       s.feedback_after(0)
     assert s.has_feedback("c0")   # the ids stay: a second feedback is still refused
     with pytest.raises(store_api.DuplicateFeedback):

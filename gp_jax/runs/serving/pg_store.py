@@ -27,10 +27,12 @@ returns only after the server has flushed it to its write-ahead log. When the co
 while a write is under way, the store reconnects and looks the write up by a token it carried:
 written -> the call succeeds; not written -> one retry, then StorageError with nothing stored.
 
-Compaction: `write_base(seq)` replaces the base only with a newer one (a replica that is behind
-cannot put an older base back) and drops the row data of feedback the previous base already held
-(the ids stay, for duplicates). A follower more than one compaction behind gets a DataError from
-`feedback_after` and must reload.
+Compaction: `write_base(seq)` replaces the base only with a newer one (replicas compact on their
+own, and one that is behind cannot put an older base back). It drops the row data of feedback the
+new base holds once that feedback is older than `keep_folded_rows_s` (an hour by default; the ids
+stay, for duplicates), so a follower that falls behind by a few sync intervals, or by a
+compaction that another replica wrote, still reads every row. One that is behind by more than
+that gets a DataError from `feedback_after` and must reload (restart).
 """
 from __future__ import annotations
 
@@ -130,7 +132,8 @@ def _encode(rows: np.ndarray, hubs: np.ndarray) -> tuple[bytes, bytes]:
 
 
 class PostgresStore:
-  """store_api.ServedStore in PostgreSQL (module docstring).
+  """store_api.ServedStore in PostgreSQL (module docstring). `shared`: other processes add
+  feedback too, so a server follows `feedback_after`; `kind`: what /v1/memory reports.
 
   Args:
     url: postgresql://USER:PASSWORD@HOST:PORT/DB.
@@ -138,14 +141,20 @@ class PostgresStore:
     namespace: the shared state's name; replicas of one router use the same one.
     connect_timeout_s: how long a connection attempt may take before StorageError.
     statement_timeout_s: the longest one statement (a lock wait included) may run.
+    keep_folded_rows_s: how long the rows of feedback that a base holds stay readable by
+      `feedback_after` (followers behind the base).
   Raises:
     ConfigError: a malformed URL or namespace.
     StorageError: the server cannot be reached or refuses the login (named host:port/db).
     DataError: the namespace was made by a router with another row width or hub count.
   """
 
+  shared = True
+  kind = "postgresql"
+
   def __init__(self, url: str, *, row_dim: int, num_hubs: int, namespace: str,
-               connect_timeout_s: float = 10.0, statement_timeout_s: float = 60.0):
+               connect_timeout_s: float = 10.0, statement_timeout_s: float = 60.0,
+               keep_folded_rows_s: float = 3600.0):
     self.where, self._password = _parse_url(url)
     if not isinstance(namespace, str) or not _NAMESPACE.match(namespace):
       raise errors.ConfigError(f"--memory_namespace must be 1-200 characters of letters, digits "
@@ -153,6 +162,7 @@ class PostgresStore:
     self.url, self.namespace = url, namespace
     self.row_dim, self.num_hubs = int(row_dim), int(num_hubs)
     self.connect_timeout_s, self.statement_timeout_s = connect_timeout_s, statement_timeout_s
+    self.keep_folded_rows_s = float(keep_folded_rows_s)
     self._lock = threading.RLock()   # one connection, one transaction at a time
     self._conn: psycopg.Connection | None = None
     self._hold_before_commit_s = 0.0   # tests: widens the window between seq and commit
@@ -304,8 +314,8 @@ class PostgresStore:
     if rows is None or hubs is None:
       raise errors.DataError(
           f"{self.where}: namespace {self.namespace!r}: feedback {seq} was folded into a newer "
-          f"memory base and its rows dropped; this replica fell more than one compaction behind "
-          f"(restart it to reload the memory)")
+          f"memory base and its rows dropped: this replica fell further behind than folded rows "
+          f"are kept (restart it to reload the memory)")
     r, h = self._decode(int(nrows), bytes(rows), bytes(hubs), f"feedback {seq}")
     return store_api.Feedback(seq=int(seq), rid=rid, key=key, score=float(score), rows=r, hubs=h)
 
@@ -354,9 +364,10 @@ class PostgresStore:
                    "seq = EXCLUDED.seq, nrows = EXCLUDED.nrows, rows = EXCLUDED.rows, "
                    "hubs = EXCLUDED.hubs, header = EXCLUDED.header, written = now()",
                    (self.namespace, int(seq), len(rows), rb, hb, text))
-      if old is not None:   # feedback the previous base held: its rows are in two bases now
-        conn.execute("UPDATE gp_jax_feedback SET rows = NULL, hubs = NULL WHERE namespace = %s "
-                     "AND seq <= %s AND rows IS NOT NULL", (self.namespace, int(old[0])))
+      # Feedback the new base holds, old enough that no follower still reads it: ids only.
+      conn.execute("UPDATE gp_jax_feedback SET rows = NULL, hubs = NULL WHERE namespace = %s "
+                   "AND seq <= %s AND rows IS NOT NULL AND created < now() - %s * interval "
+                   "'1 second'", (self.namespace, int(seq), self.keep_folded_rows_s))
     # Idempotent (a newer-only replace), so a retry after a lost connection is safe.
     self._run("write the memory base", write)
 
