@@ -163,10 +163,12 @@ class PostgresStore:
     self.row_dim, self.num_hubs = int(row_dim), int(num_hubs)
     self.connect_timeout_s, self.statement_timeout_s = connect_timeout_s, statement_timeout_s
     self.keep_folded_rows_s = float(keep_folded_rows_s)
-    self._lock = threading.RLock()   # one connection, one transaction at a time
-    self._conn: psycopg.Connection | None = None
+    # Two connections, one transaction at a time on each: small reads and writes, and the bulk
+    # ones (a base of up to ~100 MB), which would otherwise hold up every feedback meanwhile.
+    self._small, self._bulk = _Line(), _Line()
     self._hold_before_commit_s = 0.0   # tests: widens the window between seq and commit
-    self._connect()
+    with self._small.lock:
+      self._connect(self._small)
     self._run("create the schema", self._create_schema)
     self._run("register the namespace", self._register_namespace)
 
@@ -177,10 +179,10 @@ class PostgresStore:
       text = text.replace(self._password, "***")
     return text
 
-  def _connect(self) -> psycopg.Connection:
-    if self._conn is not None and not self._conn.closed and not self._conn.broken:
-      return self._conn
-    self._drop()
+  def _connect(self, line: "_Line") -> psycopg.Connection:
+    if line.conn is not None and not line.conn.closed and not line.conn.broken:
+      return line.conn
+    self._drop(line)
     t0 = time.monotonic()
     try:
       conn = psycopg.connect(self.url, autocommit=True,
@@ -196,29 +198,31 @@ class PostgresStore:
     except psycopg.Error as e:
       conn.close()
       raise errors.StorageError(f"{self.where}: {self._clean(_reason(e))}") from None
-    self._conn = conn
+    line.conn = conn
     return conn
 
-  def _drop(self) -> None:
-    if self._conn is not None:
+  @staticmethod
+  def _drop(line: "_Line") -> None:
+    if line.conn is not None:
       try:
-        self._conn.close()
+        line.conn.close()
       except psycopg.Error:
         pass
-      self._conn = None
+      line.conn = None
 
-  def _run(self, what: str, fn, *args):
+  def _run(self, what: str, fn, *args, bulk: bool = False):
     """fn(conn, *args) in one transaction; a broken connection is replaced and the call retried
-    once (reads and the idempotent schema steps only; writes use _write)."""
-    with self._lock:
+    once (reads and the idempotent steps only; writes that must not repeat use _write)."""
+    line = self._bulk if bulk else self._small
+    with line.lock:
       for attempt in (0, 1):
-        conn = self._connect()
+        conn = self._connect(line)
         try:
           with conn.transaction():
             return fn(conn, *args)
         except psycopg.OperationalError as e:
           if conn.broken or conn.closed:
-            self._drop()
+            self._drop(line)
             if attempt == 0:
               continue
           raise errors.StorageError(f"{self.where}: could not {what}: "
@@ -232,10 +236,11 @@ class PostgresStore:
     committed. A connection lost before the commit was sent: nothing was stored, one retry on a
     new connection. Lost during the commit: the write's token tells whether it was stored (yes:
     its result; no: one retry). Otherwise StorageError, and nothing was stored."""
-    with self._lock:
+    line = self._small
+    with line.lock:
       for attempt in (0, 1):
         token = uuid.uuid4()
-        conn = self._connect()
+        conn = self._connect(line)
         committing = False
         try:
           with conn.transaction():
@@ -247,7 +252,7 @@ class PostgresStore:
         except psycopg.OperationalError as e:
           lost = conn.broken or conn.closed
           if lost:
-            self._drop()
+            self._drop(line)
           if lost and committing:   # the server may have committed before the connection went
             try:
               seq = self._run("check a write", _seq_of_token, table, token)
@@ -332,7 +337,7 @@ class PostgresStore:
         fbs = cur.execute(_FEEDBACK_SELECT + " AND seq > %s ORDER BY seq",
                           (self.namespace, seq)).fetchall()
       return seq, nrows, bytes(rows), bytes(hubs), header, fbs
-    got = self._run("load the memory", read)
+    got = self._run("load the memory", read, bulk=True)
     if got is None:
       return None
     seq, nrows, rows, hubs, header, fbs = got
@@ -369,7 +374,7 @@ class PostgresStore:
                    "AND seq <= %s AND rows IS NOT NULL AND created < now() - %s * interval "
                    "'1 second'", (self.namespace, int(seq), self.keep_folded_rows_s))
     # Idempotent (a newer-only replace), so a retry after a lost connection is safe.
-    self._run("write the memory base", write)
+    self._run("write the memory base", write, bulk=True)
 
   def add_feedback(self, fb: store_api.Feedback) -> store_api.Feedback:
     rows, hubs = np.asarray(fb.rows, np.float32), np.asarray(fb.hubs, np.int32)
@@ -441,8 +446,9 @@ class PostgresStore:
     return [self._route_record(r) for r in rows]
 
   def close(self) -> None:
-    with self._lock:
-      self._drop()
+    for line in (self._small, self._bulk):
+      with line.lock:
+        self._drop(line)
 
   def __enter__(self) -> "PostgresStore":
     return self
@@ -455,6 +461,14 @@ _FEEDBACK_SELECT = ("SELECT seq, rid, key, score, nrows, rows, hubs FROM gp_jax_
                     "WHERE namespace = %s")
 _ROUTE_SELECT = ("SELECT r.seq, r.record, f.score FROM gp_jax_route r LEFT JOIN gp_jax_feedback f "
                  "ON f.namespace = %s AND f.rid = r.rid WHERE r.namespace = %s")
+
+
+class _Line:
+  """One connection and the lock that keeps it to one transaction at a time."""
+
+  def __init__(self):
+    self.lock = threading.RLock()
+    self.conn: psycopg.Connection | None = None
 
 
 class _Duplicate(Exception):
