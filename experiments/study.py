@@ -10,7 +10,7 @@ pool events during evaluation; writes <workdir>/report.md and .png). Then: pytho
 from absl import flags
 
 from experiments import common
-from gp_jax.runs import sweep as sweep_lib
+from gp_jax import config_lists
 from gp_jax.runs.studies import definitions
 from gp_jax.runs.studies import drift
 from gp_jax.runs.studies import runner
@@ -28,7 +28,7 @@ def main(argv):
   s = c.study
   if _STUDY.value == drift.STUDY:   # pool events: its own cells (per-query rewards) and report
     workdir = _WORKDIR.value or f"runs/studies/{drift.STUDY}"
-    res = drift.DriftRunner(c, workdir).run(sweep_lib.parse_list(s.seeds, "study.seeds", int))
+    res = drift.DriftRunner(c, workdir).run(config_lists.numbers(s.seeds, "study.seeds", int))
     print(f"ran {len(res['ran'])} cells, skipped {len(res['skipped'])} finished ones, in "
           f"{res['seconds']:.0f}s; report: {drift.write_report(workdir)}")
     return
@@ -37,7 +37,7 @@ def main(argv):
   workdir = _WORKDIR.value or f"runs/studies/{_STUDY.value}"
   common.check_workdir(workdir, must_exist=False)
   res = runner.StudyRunner(c, workdir, _STUDY.value, variants, router_kwargs=kwargs).run(
-      sweep_lib.parse_list(s.seeds, "study.seeds", int))
+      config_lists.numbers(s.seeds, "study.seeds", int))
   print(f"ran {len(res['ran'])} cells, skipped {len(res['skipped'])} finished ones, in "
         f"{res['seconds']:.0f}s; report: python -m experiments.report")
 

@@ -18,6 +18,7 @@ import pathlib
 import sys
 import time
 
+from gp_jax import config_lists
 from gp_jax import errors
 from gp_jax import files
 from gp_jax import progress as progress_lib
@@ -31,18 +32,6 @@ from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
 
 CELL_FILE = "cell.json"
-
-
-def parse_list(value: str, field: str, cast=float) -> list:
-  """'0,0.1' -> [0.0, 0.1]; a ConfigError naming `field` on bad or empty input."""
-  parts = [p.strip() for p in str(value).split(",") if p.strip()]
-  try:
-    out = [cast(p) for p in parts]
-  except ValueError:
-    raise errors.ConfigError(f"config.{field}={value!r} is not a comma list of numbers") from None
-  if not out:
-    raise errors.ConfigError(f"config.{field} is empty")
-  return out
 
 
 def cell_dir(workdir: pathlib.Path, alpha: float, seed: int) -> pathlib.Path:
@@ -205,9 +194,9 @@ def sweep_from_config(config, workdir, *, verbose: bool = True) -> dict:
   if "sweep" not in config:
     raise errors.ConfigError("the config has no 'sweep' section; use experiments/configs/sweep.py")
   s = config.sweep
-  return run_sweep(config, workdir, alphas=parse_list(s.alphas, "sweep.alphas"),
-                   seeds=parse_list(s.seeds, "sweep.seeds", int),
-                   routers=[r.strip() for r in str(s.routers).split(",") if r.strip()],
+  return run_sweep(config, workdir, alphas=config_lists.numbers(s.alphas, "sweep.alphas"),
+                   seeds=config_lists.numbers(s.seeds, "sweep.seeds", int),
+                   routers=list(config_lists.names(s.routers)),
                    router_kwargs=dict(knn_k=int(s.knn_k), mlp_hidden=int(s.mlp_hidden),
                                       steps=int(s.router_steps),
                                       learning_rate=float(s.router_learning_rate),
@@ -215,6 +204,5 @@ def sweep_from_config(config, workdir, *, verbose: bool = True) -> dict:
                                       graph_hidden=int(s.get("graph_hidden", 32)),
                                       graph_steps=int(s.get("graph_steps", 300)),
                                       routerdc_steps=int(s.get("routerdc_steps", 300))),
-                   multi_routers=[r.strip() for r in str(s.get("multi_routers", "")).split(",")
-                                  if r.strip()],
+                   multi_routers=list(config_lists.names(s.get("multi_routers", ""))),
                    multi_kwargs=multi_kwargs_from_config(config), verbose=verbose)

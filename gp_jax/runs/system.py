@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from gp_jax import config_lists
 from gp_jax import errors
 from gp_jax.graph import features as features_lib
 from gp_jax.llm import base
@@ -82,19 +83,12 @@ def _serves_simulator(pool) -> bool:
   return pool is not None
 
 
-def _names(value: str, field: str) -> list[str]:
-  names = [n.strip() for n in str(value).split(",") if n.strip()]
-  if not names:
-    raise errors.ConfigError(f"config.{field} is empty")
-  return names
-
-
 def select_llms(catalog: catalog_lib.Catalog, spec: str) -> list[str]:
   if spec == "train":
     return catalog_lib.training_names(catalog)
   if spec == "all":
     return catalog.names
-  names = _names(spec, "llms")
+  names = list(config_lists.names(spec, "llms"))
   catalog_lib.check_names(catalog, names)
   return names
 
@@ -136,7 +130,7 @@ def build(config, *, pool: base.LLMPool | None = None) -> System:
   full = full_catalog(config)
   llms = select_llms(full, config.llms)
   catalog = full.select(llms)
-  roles = roles_lib.load_roles().select(_names(config.roles, "roles"))
+  roles = roles_lib.load_roles().select(list(config_lists.names(config.roles, "roles")))
   roles_lib.validate_role_selection(roles)
   space = mdp.ActionSpace(roles, tuple(llms))
   cfg = _checked_mdp(config, roles)
@@ -186,7 +180,7 @@ def _data(config, catalog: catalog_lib.Catalog, events) -> _Data:
 def _task_names(value: str, field: str) -> list[str]:
   """Simulated task names of a data.tasks-like field: seen, unseen, all, or a list."""
   return ({"seen": sim.SEEN_TASKS, "unseen": sim.UNSEEN_TASKS, "all": list(sim.TASKS)}.get(value)
-          or _names(value, field))
+          or list(config_lists.names(value, field)))
 
 
 def _simulated_data(config, catalog: catalog_lib.Catalog, events) -> _Data:

@@ -28,6 +28,7 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from gp_jax import config_lists
 from gp_jax import errors
 
 KINDS = ("quality", "price", "join", "fail")
@@ -128,10 +129,6 @@ class PoolEvents:
     return np.array([not self.absent(m, key) for m in llms], bool)
 
 
-def _names(value) -> tuple[str, ...]:
-  return tuple(n.strip() for n in str(value or "").split(",") if n.strip())
-
-
 def from_config(c, *, llms: Sequence[str], domains: Iterable[str], tasks: Iterable[str]
                 ) -> PoolEvents | None:
   """The events of config section `data.sim_events` (None when every event is off).
@@ -152,7 +149,8 @@ def from_config(c, *, llms: Sequence[str], domains: Iterable[str], tasks: Iterab
       continue
     kw = {}
     if kind == "quality":
-      kw = dict(delta=float(sec.delta), domains=_names(sec.domains), tasks=_names(sec.tasks))
+      kw = dict(delta=float(sec.delta), domains=config_lists.names(sec.domains),
+                tasks=config_lists.names(sec.tasks))
     elif kind == "price":
       kw = dict(scale=float(sec.scale))
     try:
@@ -165,7 +163,7 @@ def from_config(c, *, llms: Sequence[str], domains: Iterable[str], tasks: Iterab
     events.append(e)
   if not events:
     return None
-  splits = _names(c.get("splits", "test"))
+  splits = config_lists.names(c.get("splits", "test"))
   if not splits:
     raise errors.ConfigError("config.data.sim_events.splits is empty (name the query streams the "
                              "events follow, e.g. 'test')")

@@ -26,6 +26,7 @@ roles      Thinker and Verifier (paper App. E), on the pool config.study.roles_l
 """
 from __future__ import annotations
 
+from gp_jax import config_lists
 from gp_jax import errors
 from gp_jax.runs import system as system_lib
 from gp_jax.runs.studies.runner import Variant
@@ -48,7 +49,7 @@ def held_out_pools(config) -> tuple[str, str, tuple[str, ...]]:
   training; other catalog LLMs are added at evaluation."""
   full = system_lib.full_catalog(config)
   pool = system_lib.select_llms(full, config.llms)
-  held = tuple(m.strip() for m in str(config.study.unseen_llms).split(",") if m.strip())
+  held = config_lists.names(config.study.unseen_llms)
   for m in held:
     if m not in full.names:
       raise errors.unknown_name("unseen LLM (config.study.unseen_llms)", m, full.names)
@@ -60,7 +61,7 @@ def held_out_pools(config) -> tuple[str, str, tuple[str, ...]]:
 
 
 def unseen(config) -> list[Variant]:
-  routers = tuple(r.strip() for r in str(config.study.routers).split(",") if r.strip())
+  routers = config_lists.names(config.study.routers)
   train, full, held = held_out_pools(config)
   served = int(config.study.served)
   without, new = {"llms": train}, {"llms": full}

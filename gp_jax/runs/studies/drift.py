@@ -53,6 +53,7 @@ import time
 import ml_collections
 import numpy as np
 
+from gp_jax import config_lists
 from gp_jax import errors
 from gp_jax import stats
 from gp_jax.baselines import labels as labels_lib
@@ -145,23 +146,19 @@ class Settings:
   recent_rows: int                # online_recent's window (rows)
 
 
-def _names(value) -> tuple[str, ...]:
-  return tuple(e.strip() for e in str(value).split(",") if e.strip())
-
-
 def settings(config) -> Settings:
   s = config.study
   if config.backend != "simulator" or config.data.source != "simulated":
     raise errors.ConfigError("the drift study changes the simulated pool (and scores every arm by "
                              "the simulator's expected reward): it needs backend='simulator' and "
                              "data.source='simulated'")
-  events = _names(s.drift_events)
+  events = config_lists.names(s.drift_events)
   for e in events:
     if e not in EVENTS:
       raise errors.unknown_name("drift event", e, EVENTS)
   if not events:
     raise errors.ConfigError("config.study.drift_events is empty")
-  routers = _names(s.drift_routers)
+  routers = config_lists.names(s.drift_routers)
   for r in routers:
     single_round.make_router(r)
   out = Settings(str(s.drift_llm), str(s.drift_join_llm), int(s.drift_t), float(s.drift_delta),
@@ -307,7 +304,7 @@ class DriftRunner:
           continue
         out.mkdir(parents=True, exist_ok=True)
         rec = dict(self.run_cell(kind, seed), index=index)
-        runner_lib._atomic_write(out / runner_lib.CELL_FILE, rec)
+        runner_lib.write_cell(out / runner_lib.CELL_FILE, rec)
         ran.append((kind, seed))
         post = {a: float(np.mean(rec["rewards"][a][self.s.t:])) for a in arms(self.s)}
         self._log(f"[drift] {kind} seed={seed}: post-event reward " +
@@ -317,7 +314,7 @@ class DriftRunner:
   def _trained(self, overrides: dict, seed: int):
     """(config, system, model, params, history, dir) of the training run with `overrides`
     (trained or resumed once per process)."""
-    key = (runner_lib._key(overrides), seed)
+    key = (runner_lib.variant_key(overrides), seed)
     if key not in self._runs:
       self._runs[key] = self._train(overrides, seed)
     return self._runs[key]
@@ -325,10 +322,10 @@ class DriftRunner:
   def _train(self, overrides: dict, seed: int):
     cfg = runner_lib.apply_overrides(self.config, {"seed": int(seed), **overrides})
     sysm = system_lib.build(cfg)
-    tdir = self.workdir / "train" / f"{runner_lib._key(overrides)}_seed{seed}"
+    tdir = self.workdir / "train" / f"{runner_lib.variant_key(overrides)}_seed{seed}"
     training.train(cfg, tdir, system=sysm, verbose=self.verbose)
     model, params, history = training.load_router(cfg, tdir, sysm)
-    return cfg, sysm, model, params, runner_lib._history_for(cfg, history), tdir
+    return cfg, sysm, model, params, runner_lib.history_for(cfg, history), tdir
 
   def _baselines(self, seed: int, tsys) -> tuple[dict, dict, float]:
     """(multi-round routers, single-round routers, seconds) fitted once per seed and pre-event
@@ -379,8 +376,8 @@ class DriftRunner:
                 llms=list(esys.space.llms), n_test=len(esys.test_queries),
                 online_history=hist is not None, rewards=rewards,
                 train=dict(episodes=int(tcfg.train.episodes),
-                           seconds=runner_lib._train_seconds(tdir),
-                           retrained_seconds=runner_lib._train_seconds(rdir),
+                           seconds=runner_lib.train_seconds(tdir),
+                           retrained_seconds=runner_lib.train_seconds(rdir),
                            baselines_fit_seconds=fit_seconds),
                 seconds=time.time() - t0)
 

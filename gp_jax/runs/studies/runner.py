@@ -29,6 +29,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gp_jax import errors
+from gp_jax import files
 from gp_jax import progress as progress_lib
 from gp_jax.baselines import labels as labels_lib
 from gp_jax.baselines import single_round
@@ -93,17 +94,17 @@ def apply_overrides(config, overrides: dict):
   return cfg
 
 
-def _key(overrides: dict) -> str:
+def variant_key(overrides: dict) -> str:
+  """A short stable name of a variant's config overrides ("base" for none): its folder names."""
   if not overrides:
     return "base"
   text = json.dumps(overrides, sort_keys=True)
   return hashlib.blake2b(text.encode(), digest_size=4).hexdigest()
 
 
-def _atomic_write(path: pathlib.Path, record: dict) -> None:
-  tmp = path.with_suffix(path.suffix + ".tmp")
-  tmp.write_text(json.dumps(record, indent=1))
-  tmp.replace(path)
+def write_cell(path: pathlib.Path, record: dict) -> None:
+  """Writes a cell (or cache) record atomically (gp_jax.files), indented as before."""
+  files.write_json(path, record, "study cell", indent=1, separators=(",", ": "), ensure_ascii=True)
 
 
 def remap_history(history: history_lib.HistoryMemory, src, dst) -> history_lib.HistoryMemory:
@@ -127,7 +128,7 @@ def same_space(a, b) -> bool:
                                                               tuple(b.llms))
 
 
-def _history_for(config, history):
+def history_for(config, history):
   """The history evaluation reads for a trained mode (mirrors gp_jax.runs.pipeline)."""
   return None if config.model.history == "inductive" else history
 
@@ -180,7 +181,7 @@ def check_few_shot(n: int, updates: int, rounds: int) -> None:
                              f"got {n}, {updates}, {rounds}")
 
 
-def _train_seconds(train_dir: pathlib.Path) -> float:
+def train_seconds(train_dir: pathlib.Path) -> float:
   """Rollout + update seconds of a training run from its metrics (exact across resumes)."""
   path = train_dir / "metrics.jsonl"
   if not path.exists():
@@ -266,7 +267,7 @@ class StudyRunner:
         out.mkdir(parents=True, exist_ok=True)
         self._log(f"[{self.study} study] cell {len(ran) + 1}/{total}: {v.name} seed={seed}")
         rec = dict(self.run_cell(v, seed), index=index)
-        _atomic_write(out / CELL_FILE, rec)
+        write_cell(out / CELL_FILE, rec)
         ran.append((v.name, seed))
         if cells is not None:
           cells.update(len(ran), last=f"{v.name} seed={seed}")
@@ -282,14 +283,14 @@ class StudyRunner:
     t0 = time.time()
     base = apply_overrides(self.config, {"seed": int(seed)})
     tcfg = apply_overrides(base, v.train)
-    tsys = self._system(tcfg, ("train", _key(v.train), seed))
-    tdir = self.workdir / "train" / f"{_key(v.train)}_seed{seed}"
+    tsys = self._system(tcfg, ("train", variant_key(v.train), seed))
+    tdir = self.workdir / "train" / f"{variant_key(v.train)}_seed{seed}"
     summary = training.train(tcfg, tdir, system=tsys, verbose=self.verbose)
     model, params, history = training.load_router(tcfg, tdir, tsys)
     ecfg = apply_overrides(tcfg, v.evaluate)
-    ekey = ("eval", _key(v.train), _key(v.evaluate), seed)
+    ekey = ("eval", variant_key(v.train), variant_key(v.evaluate), seed)
     esys = self._system(ecfg, ekey) if v.evaluate else tsys
-    hist = _history_for(tcfg, history)
+    hist = history_for(tcfg, history)
     if hist is not None and not same_space(esys.space, tsys.space):
       hist = remap_history(hist, tsys.space, esys.space)
     if v.history == "none":
@@ -313,7 +314,7 @@ class StudyRunner:
                 held_out_share=self._held_out_share(esys, states, v, seed, alpha),
                 llms=list(esys.space.llms), roles=[r.name for r in esys.space.roles.roles],
                 n_test=len(esys.test_queries), shares=action_shares(esys, states),
-                train=dict(episodes=summary["episodes"], seconds=_train_seconds(tdir)),
+                train=dict(episodes=summary["episodes"], seconds=train_seconds(tdir)),
                 eval_seconds=time.time() - t_eval, seconds=time.time() - t0, rows=rows)
 
   def _held_out_share(self, esys, states, v: Variant, seed: int, alpha: float) -> dict | None:
@@ -342,7 +343,7 @@ class StudyRunner:
     ref_dir = self.workdir / "reference"
     ref_dir.mkdir(parents=True, exist_ok=True)
     # Everything the reference rows depend on: the evaluation system, not the router.
-    key = _key(dict(llms=ecfg.llms, roles=ecfg.roles, mdp=ecfg.mdp.to_dict(),
+    key = variant_key(dict(llms=ecfg.llms, roles=ecfg.roles, mdp=ecfg.mdp.to_dict(),
                     data=ecfg.data.to_dict(), alpha=ecfg.alpha, catalog=ecfg.catalog_file,
                     reward=ecfg.train.get("reward", "")))
     path = ref_dir / f"{key}_seed{seed}.json"
@@ -352,7 +353,7 @@ class StudyRunner:
       rows = [dataclasses.asdict(r) for r in evaluation.evaluate(
           esys, alpha, router=None, baselines=True, optimum=esys.simulated,
           parallel=int(ecfg.train.parallel), seed=seed, progress=self.verbose)]
-      _atomic_write(path, dict(rows=rows))
+      write_cell(path, dict(rows=rows))
     if v.routers:
       if tuple(esys.space.llms) != tuple(tsys.space.llms):
         raise errors.ConfigError(f"variant {v.name}: single-round routers need the training LLMs")
