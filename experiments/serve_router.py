@@ -34,6 +34,12 @@ _ROUTE_LOG = flags.DEFINE_string("route_log", "",
 _DEFAULT_TASK = flags.DEFINE_string("default_task", "",
                                     "Task family of requests without metadata.task ('' = mmlu "
                                     "on the simulator, the first training task otherwise).")
+_MAX_QUEUE = flags.DEFINE_integer("max_queue", None,
+                                  "Requests that may wait for a workflow slot (default 4 x "
+                                  "--max_concurrency); more get 429 with Retry-After at once.")
+_KEEPALIVE = flags.DEFINE_float("keepalive_s", 5.0,
+                                "A stream sends an SSE keep-alive comment this often while the "
+                                "workflow runs.")
 _MAX_BODY = flags.DEFINE_integer("max_body_bytes", 1 << 20, "Larger request bodies get 413.")
 _DEADLINE = flags.DEFINE_float("deadline_s", 600.0, "A request unanswered after this gets 504.")
 
@@ -49,9 +55,10 @@ def main(argv):
   log = None if log in ("", "none") else log
   s = session.RouterSession(config, _WORKDIR.value, max_concurrency=_MAX_CONCURRENCY.value,
                             memory_path=memory, route_log=log,
-                            default_task=_DEFAULT_TASK.value or None)
+                            default_task=_DEFAULT_TASK.value or None,
+                            max_queue=_MAX_QUEUE.value)
   app.serve(s, host=_HOST.value, port=_PORT.value, max_body_bytes=_MAX_BODY.value,
-            deadline_s=_DEADLINE.value)
+            deadline_s=_DEADLINE.value, keepalive_s=_KEEPALIVE.value)
 
 
 if __name__ == "__main__":

@@ -61,8 +61,13 @@ def width_fields(cfg: mdp.MDPConfig) -> dict:
 
 
 def build_messages(role: roles_lib.Role, state: mdp.WorkflowState, cfg: mdp.MDPConfig,
-                   task_description: str, answer_format: str) -> list[dict]:
-  """The chat messages of `role` acting on the current node of `state`."""
+                   task_description: str, answer_format: str, *,
+                   conversation: str = "") -> list[dict]:
+  """The chat messages of `role` acting on the current node of `state`.
+
+  conversation: a served request's earlier turns (serving/conversation.py renders them; no line
+  of it starts with a marker); the user message starts with it. Empty: the messages are exactly
+  the role templates'."""
   node = state.node
   context = ""
   if role.kind == "executor":
@@ -78,5 +83,8 @@ def build_messages(role: roles_lib.Role, state: mdp.WorkflowState, cfg: mdp.MDPC
       children=children_block(state, node) if role.kind in CHILDREN_KINDS else "",
       **width_fields(cfg),
   )
+  user = role.user.format(**fields)
+  if conversation:
+    user = f"{conversation}\n\n{user}"
   return [{"role": "system", "content": role.system.format(**fields)},
-          {"role": "user", "content": role.user.format(**fields)}]
+          {"role": "user", "content": user}]

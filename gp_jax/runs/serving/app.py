@@ -31,11 +31,16 @@ import dataclasses
 import json
 import logging
 import math
+import re
 import signal
+import time
+import uuid
 
 from aiohttp import web
 
+from gp_jax import errors
 from gp_jax.llm import base
+from gp_jax.runs.serving import conversation as conversation_lib
 from gp_jax.runs.serving import session as session_lib
 
 RequestError = session_lib.RequestError
@@ -43,16 +48,53 @@ SESSION_KEY = web.AppKey("session", session_lib.RouterSession)
 DEADLINE_KEY = web.AppKey("deadline_s", float)
 MAX_BODY_KEY = web.AppKey("max_body_bytes", int)
 STREAM_PIECE_CHARS = 24     # characters of the answer per SSE chunk
+KEEPALIVE_KEY = web.AppKey("keepalive_s", float)
+REQUEST_ID_KEY = web.RequestKey("request_id", str)
+KEEPALIVE = b": keep-alive\n\n"   # an SSE comment: clients skip it, proxies see traffic
 _TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
-          409: "conflict_error", 413: "invalid_request_error", 502: "backbone_error",
-          503: "server_error", 504: "timeout_error"}
+          409: "conflict_error", 413: "invalid_request_error", 429: "rate_limit_error",
+          502: "backbone_error", 503: "server_error", 504: "timeout_error"}
+_CLIENT_REQUEST_ID = re.compile(r"[\x21-\x7e]{1,128}")   # printable ASCII, no spaces
+CHAT_PATH = "/v1/chat/completions"
+
+
+def _error_body(status: int, message: str, code: str | None, param: str | None) -> dict:
+  return {"error": {"message": message, "type": _TYPES.get(status, "server_error"),
+                    "param": param, "code": code}}
 
 
 def error_response(status: int, message: str, code: str | None = None,
-                   param: str | None = None) -> web.Response:
-  body = {"error": {"message": message, "type": _TYPES.get(status, "server_error"),
-                    "param": param, "code": code}}
-  return web.json_response(body, status=status)
+                   param: str | None = None, headers: dict | None = None) -> web.Response:
+  return web.json_response(_error_body(status, message, code, param), status=status,
+                           headers=headers)
+
+
+@web.middleware
+async def finish_despite_disconnect(request: web.Request, handler):
+  """A client that disconnects cancels its chat completion (the server runs with aiohttp's
+  handler_cancellation); every other request (feedback, reads) runs to its end regardless, so a
+  write that was started is finished and logged."""
+  if request.path == CHAT_PATH:
+    return await handler(request)
+  return await asyncio.shield(handler(request))
+
+
+@web.middleware
+async def request_ids(request: web.Request, handler):
+  """Every response carries `x-request-id`: the client's (printable ASCII, at most 128
+  characters) or, when absent or unsafe, a new one."""
+  given = request.headers.get("x-request-id")
+  xrid = given if given is not None and _CLIENT_REQUEST_ID.fullmatch(given) else (
+      "req-" + uuid.uuid4().hex)
+  request[REQUEST_ID_KEY] = xrid
+  try:
+    resp = await handler(request)
+  except web.HTTPException as e:
+    e.headers["x-request-id"] = xrid
+    raise
+  if not resp.prepared:   # a stream sent its headers itself
+    resp.headers["x-request-id"] = xrid
+  return resp
 
 
 @web.middleware
@@ -61,7 +103,7 @@ async def openai_errors(request: web.Request, handler):
   try:
     return await handler(request)
   except RequestError as e:
-    return error_response(e.status, e.message, e.code, e.param)
+    return error_response(e.status, e.message, e.code, e.param, e.headers)
   except web.HTTPRequestEntityTooLarge:
     return error_response(413, f"request body too large (limit "
                           f"{request.app[MAX_BODY_KEY]} bytes)", "body_too_large")
@@ -99,6 +141,7 @@ def _text_of(content) -> str | None:
 
 
 def _messages(body: dict) -> list[dict]:
+  """The messages as {role, content text}; roles system, developer, user and assistant."""
   msgs = body.get("messages")
   if not isinstance(msgs, list) or not msgs:
     raise RequestError(400, "messages must be a non-empty list", "invalid_messages", "messages")
@@ -107,19 +150,63 @@ def _messages(body: dict) -> list[dict]:
     if not isinstance(m, dict) or not isinstance(m.get("role"), str):
       raise RequestError(400, f"messages[{i}] must be an object with a role",
                          "invalid_messages", f"messages[{i}]")
+    role = m["role"]
+    if role in ("tool", "function") or m.get("tool_calls") or m.get("function_call"):
+      raise RequestError(400, f"messages[{i}]: tool and function calls are not supported by "
+                         "this server", "unsupported_parameter", f"messages[{i}]")
+    if role not in conversation_lib.LABELS:
+      raise RequestError(400, f"messages[{i}].role must be one of "
+                         f"{', '.join(conversation_lib.LABELS)}, got {role[:40]!r}",
+                         "invalid_messages", f"messages[{i}].role")
     text = _text_of(m.get("content"))
     if text is None:
-      if m["role"] == "assistant":
-        text = ""   # e.g. a tool-call turn: no text to keep
+      if role == "assistant" and m.get("content") is None:
+        text = ""   # e.g. a refusal turn: no text to keep
       else:
         raise RequestError(400, f"messages[{i}].content must be a string or text parts",
                            "invalid_messages", f"messages[{i}].content")
-    out.append({"role": m["role"], "content": text})
+    out.append({"role": role, "content": text})
   users = [m for m in out if m["role"] == "user"]
   if not users or not users[-1]["content"].strip():
     raise RequestError(400, "no user message: the last user message is the query, and it must "
                        "not be empty", "no_user_message", "messages")
   return out
+
+
+# Fields of OpenAI's chat API this server cannot honour: a value other than the accepted ones is
+# refused (400 unsupported_parameter naming the field) instead of being silently ignored.
+_UNSUPPORTED = {
+    "tools": (None, []), "tool_choice": (None, "none"), "functions": (None, []),
+    "function_call": (None, "none"), "logprobs": (None, False), "top_logprobs": (None, 0),
+    "n": (None, 1), "audio": (None,), "modalities": (None, ["text"]), "prediction": (None,),
+    "logit_bias": (None, {}), "presence_penalty": (None, 0), "frequency_penalty": (None, 0),
+    "web_search_options": (None,), "reasoning_effort": (None,),
+}
+
+
+def _accepted(v, accepted: tuple) -> bool:
+  for a in accepted:
+    if a is None or isinstance(a, bool):
+      ok = v is a
+    elif isinstance(a, (int, float)):
+      ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v == a
+    else:
+      ok = v == a
+    if ok:
+      return True
+  return False
+
+
+def _refuse_unsupported(body: dict) -> None:
+  for key, accepted in _UNSUPPORTED.items():
+    if not _accepted(body.get(key), accepted):
+      raise RequestError(400, f"{key} is not supported by this server (accepted: "
+                         f"{' or '.join(json.dumps(a) for a in accepted)})",
+                         "unsupported_parameter", key)
+  fmt = body.get("response_format")
+  if fmt is not None and fmt != {"type": "text"}:
+    raise RequestError(400, "response_format is not supported by this server (accepted: "
+                       '{"type": "text"})', "unsupported_parameter", "response_format")
 
 
 def _number(body: dict, key: str, lo: float, hi: float, integer: bool = False):
@@ -146,16 +233,18 @@ def _task_hint(body: dict) -> str | None:
 
 
 def _sampling(body: dict, default: base.SamplingParams) -> base.SamplingParams:
+  """The request's sampling (the served config's values where it gives none)."""
   stop = body.get("stop")
   if isinstance(stop, str):
     stop = (stop,)
   elif stop is None:
     stop = ()
-  elif isinstance(stop, list) and all(isinstance(s, str) for s in stop):
+  elif (isinstance(stop, list) and len(stop) <= 4
+        and all(isinstance(x, str) and x for x in stop)):
     stop = tuple(stop)
   else:
-    raise RequestError(400, "stop must be a string or a list of strings", "invalid_parameter",
-                       "stop")
+    raise RequestError(400, "stop must be a string or a list of at most 4 non-empty strings",
+                       "invalid_parameter", "stop")
   t = _number(body, "temperature", 0.0, 2.0)
   top_p = _number(body, "top_p", 0.0, 1.0)
   mt = _number(body, "max_completion_tokens", 1, 1 << 20, True) or _number(
@@ -163,8 +252,9 @@ def _sampling(body: dict, default: base.SamplingParams) -> base.SamplingParams:
   seed = _number(body, "seed", -(1 << 63), (1 << 63) - 1, True)
   return base.SamplingParams(temperature=default.temperature if t is None else t,
                              max_tokens=default.max_tokens if mt is None else mt,
-                             top_p=1.0 if top_p is None else top_p,
-                             seed=0 if seed is None else seed, stop=stop)
+                             top_p=default.top_p if top_p is None else top_p,
+                             seed=default.seed if seed is None else seed,
+                             stop=stop or default.stop)
 
 
 def _extension(record: dict) -> dict:
@@ -195,7 +285,9 @@ async def list_models(request: web.Request) -> web.Response:
 class _ChatRequest:
   """A checked /v1/chat/completions body."""
   model: str
-  messages: list
+  messages: list          # {role, content text}
+  query: str              # the last user message
+  conversation: str       # the other messages as workflow context (conversation.render)
   stream: bool
   include_usage: bool
   task: str | None
@@ -207,16 +299,17 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
   s = request.app[SESSION_KEY]
   req = _chat_request(await _json_body(request), s)
   rid = session_lib.new_id()
-  served = await _serve(request, s, req, rid)
+  admission = s.admit()   # 429 now, before any wait, when the queue is full
+  if req.stream:
+    return await _stream(request, s, req, rid, admission)
+  served = await _serve(request, s, req, rid, admission)
   rec = served.record
-  if not req.stream:
-    out = {"id": rid, "object": "chat.completion", "created": int(rec["created"]),
-           "model": req.model,
-           "choices": [{"index": 0, "message": {"role": "assistant", "content": served.answer},
-                        "finish_reason": "stop", "logprobs": None}],
-           "usage": rec["usage"], "graphplanner": _extension(rec)}
-    return web.json_response(out, headers=_headers(rec))
-  return await _stream(request, s, req, rid, served)
+  out = {"id": rid, "object": "chat.completion", "created": int(rec["created"]),
+         "model": req.model,
+         "choices": [{"index": 0, "message": {"role": "assistant", "content": served.answer},
+                      "finish_reason": rec["finish_reason"], "logprobs": None}],
+         "usage": rec["usage"], "graphplanner": _extension(rec)}
+  return web.json_response(out, headers=_headers(rec))
 
 
 def _chat_request(body: dict, s: session_lib.RouterSession) -> _ChatRequest:
@@ -225,15 +318,14 @@ def _chat_request(body: dict, s: session_lib.RouterSession) -> _ChatRequest:
   if not isinstance(model, str) or not model:
     raise RequestError(400, "model is required", "invalid_parameter", "model")
   if model != session_lib.ROUTER_MODEL and model not in s.backbones:
-    raise RequestError(404, f"model {model!r} not found; served: "
+    raise RequestError(404, f"model {model[:100]!r} not found; served: "
                        f"{', '.join((session_lib.ROUTER_MODEL,) + s.backbones)}",
                        "model_not_found", "model")
+  _refuse_unsupported(body)
   messages = _messages(body)
   stream = body.get("stream", False)
   if not isinstance(stream, bool):
     raise RequestError(400, "stream must be a boolean", "invalid_parameter", "stream")
-  if body.get("n", 1) != 1:
-    raise RequestError(400, "only n = 1 is supported", "invalid_parameter", "n")
   stream_options = body.get("stream_options") or {}
   if not isinstance(stream_options, dict):
     raise RequestError(400, "stream_options must be an object", "invalid_parameter",
@@ -242,56 +334,133 @@ def _chat_request(body: dict, s: session_lib.RouterSession) -> _ChatRequest:
   s.check_task(task)
   params = _sampling(body, s.system.sampling)
   seed = body.get("seed") if isinstance(body.get("seed"), int) else None
-  return _ChatRequest(model, messages, stream, bool(stream_options.get("include_usage")), task,
-                      params, seed)
+  # Backbones take the four roles; "developer" is OpenAI's newer name for "system".
+  messages = [dict(m, role="system") if m["role"] == "developer" else m for m in messages]
+  return _ChatRequest(model, messages, session_lib.last_user_text(messages),
+                      conversation_lib.render(messages), stream,
+                      bool(stream_options.get("include_usage")), task, params, seed)
+
+
+def _run(s: session_lib.RouterSession, req: _ChatRequest, rid: str, xrid: str,
+         admission: session_lib.Admission, on_delta=None):
+  """The coroutine answering `req`: the router's workflow, or one backbone call."""
+  if req.model == session_lib.ROUTER_MODEL:
+    return s.complete(req.query, task=req.task, rid=rid, seed=req.seed, params=req.params,
+                      conversation=req.conversation, on_delta=on_delta, admission=admission,
+                      request_id=xrid)
+  return s.passthrough(req.model, req.messages, req.params, task=req.task, rid=rid,
+                       on_delta=on_delta, admission=admission, request_id=xrid)
 
 
 async def _serve(request: web.Request, s: session_lib.RouterSession, req: _ChatRequest,
-                 rid: str) -> session_lib.Served:
-  """The router's answer (model "graphplanner") or one backbone's, within the deadline."""
+                 rid: str, admission: session_lib.Admission) -> session_lib.Served:
+  """The answer within the deadline; a client that disconnects cancels it (handler
+  cancellation)."""
   deadline = request.app[DEADLINE_KEY]
   try:
-    if req.model == session_lib.ROUTER_MODEL:
-      coro = s.complete(session_lib.last_user_text(req.messages), task=req.task, rid=rid,
-                        seed=req.seed)
-    else:
-      coro = s.passthrough(req.model, req.messages, req.params, task=req.task, rid=rid)
-    return await asyncio.wait_for(coro, deadline)
-  except asyncio.TimeoutError:
+    async with asyncio.timeout(deadline):
+      return await _run(s, req, rid, request[REQUEST_ID_KEY], admission)
+  except TimeoutError:
     s.counters["timeout"] += 1
     raise RequestError(504, f"no answer within the server's deadline of {deadline:g} s",
                        "timeout") from None
+  except asyncio.CancelledError:
+    s.counters["client_gone"] += 1
+    raise
+  finally:
+    admission.cancel()   # a place never used (no-op once the request held its slot)
+
+
+def _sse(obj) -> bytes:
+  return f"data: {json.dumps(obj)}\n\n".encode()
 
 
 async def _stream(request: web.Request, s: session_lib.RouterSession, req: _ChatRequest,
-                  rid: str, served: session_lib.Served) -> web.StreamResponse:
-  """The answer as OpenAI SSE chunks: the role, the text in pieces, the stop with the route,
-  the usage when asked, then [DONE]."""
-  rec = served.record
-  created = int(rec["created"])
+                  rid: str, admission: session_lib.Admission) -> web.StreamResponse:
+  """The answer as OpenAI SSE chunks. The stream opens at once (headers and the role chunk),
+  then a keep-alive comment every keepalive_s while the workflow runs; the final call's text as
+  the pool streams it (or the answer in pieces when it cannot); the chunk with the
+  finish_reason and the route; the usage when asked; [DONE]. A failure after the stream opened
+  is one SSE error event (OpenAI's error object), then [DONE]."""
+  xrid = request[REQUEST_ID_KEY]
+  created = int(time.time())
+  keepalive = request.app[KEEPALIVE_KEY]
   resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                     "Cache-Control": "no-cache", **_headers(rec)})
-  await resp.prepare(request)
+                                     "Cache-Control": "no-cache", "x-request-id": xrid,
+                                     "x-gp-request-id": rid})
 
   def chunk(delta: dict, finish=None, **extra) -> bytes:
-    obj = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model,
-           "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}],
-           **extra}
-    return f"data: {json.dumps(obj)}\n\n".encode()
+    return _sse({"id": rid, "object": "chat.completion.chunk", "created": created,
+                 "model": req.model, "choices": [{"index": 0, "delta": delta,
+                                                  "finish_reason": finish, "logprobs": None}],
+                 **extra})
 
   try:
+    await resp.prepare(request)
     await resp.write(chunk({"role": "assistant", "content": ""}))
-    text = served.answer
-    for i in range(0, len(text), STREAM_PIECE_CHARS):
-      await resp.write(chunk({"content": text[i:i + STREAM_PIECE_CHARS]}))
-    await resp.write(chunk({}, "stop", graphplanner=_extension(rec)))
+  except BaseException:
+    admission.cancel()
+    raise
+  events: asyncio.Queue = asyncio.Queue()
+  done = object()
+  work = asyncio.get_running_loop().create_task(
+      _run(s, req, rid, xrid, admission, on_delta=events.put_nowait))
+
+  def finished(t: asyncio.Task) -> None:
+    admission.cancel()   # a task cancelled before it started never took its place
+    if not t.cancelled():
+      t.exception()      # retrieved here; read again below
+    events.put_nowait(done)
+  work.add_done_callback(finished)
+  ends = time.monotonic() + request.app[DEADLINE_KEY]
+  streamed = []
+  try:
+    while True:
+      try:
+        item = await asyncio.wait_for(events.get(), max(0.0, min(keepalive,
+                                                                 ends - time.monotonic())))
+      except TimeoutError:
+        if time.monotonic() >= ends:
+          work.cancel()
+          s.counters["timeout"] += 1
+          raise RequestError(504, f"no answer within the server's deadline of "
+                             f"{request.app[DEADLINE_KEY]:g} s", "timeout") from None
+        await resp.write(KEEPALIVE)
+        continue
+      if item is done:
+        break
+      streamed.append(item)
+      await resp.write(chunk({"content": item}))
+    served = work.result()   # RequestError: the error event below
+    rec = served.record
+    if not streamed:   # a backend that cannot stream: the answer in pieces
+      text = served.answer
+      for i in range(0, len(text), STREAM_PIECE_CHARS):
+        await resp.write(chunk({"content": text[i:i + STREAM_PIECE_CHARS]}))
+    await resp.write(chunk({}, rec["finish_reason"], graphplanner=_extension(rec)))
     if req.include_usage:
-      obj = {"id": rid, "object": "chat.completion.chunk", "created": created, "model": req.model,
-             "choices": [], "usage": rec["usage"]}
-      await resp.write(f"data: {json.dumps(obj)}\n\n".encode())
+      await resp.write(_sse({"id": rid, "object": "chat.completion.chunk", "created": created,
+                             "model": req.model, "choices": [], "usage": rec["usage"]}))
+  except RequestError as e:
+    try:
+      await resp.write(b"event: error\n" + _sse(_error_body(e.status, e.message, e.code,
+                                                              e.param)))
+    except ConnectionResetError:
+      s.counters["client_gone"] += 1
+      return resp
+  except (ConnectionResetError, asyncio.CancelledError) as e:   # the client left
+    s.counters["client_gone"] += 1
+    work.cancel()
+    if isinstance(e, asyncio.CancelledError):
+      raise
+    return resp
+  finally:
+    if not work.done():
+      work.cancel()
+  try:
     await resp.write(b"data: [DONE]\n\n")
     await resp.write_eof()
-  except ConnectionResetError:   # the client left mid-stream; the request is served and logged
+  except ConnectionResetError:
     s.counters["client_gone"] += 1
   return resp
 
@@ -336,18 +505,24 @@ async def health(request: web.Request) -> web.Response:
 
 
 def make_app(session: session_lib.RouterSession, *, max_body_bytes: int = 1 << 20,
-             deadline_s: float = 600.0) -> web.Application:
-  """The aiohttp application serving `session`.
+             deadline_s: float = 600.0, keepalive_s: float = 5.0) -> web.Application:
+  """The aiohttp application serving `session`. Run it with handler_cancellation=True (as
+  `serve` does) so that a client that disconnects cancels its chat completion.
 
   Args:
     max_body_bytes: larger request bodies get 413.
     deadline_s: a request unanswered after this many seconds gets 504 (its workflow is
       cancelled).
+    keepalive_s: a stream sends an SSE comment this often while the workflow runs.
   """
-  app = web.Application(client_max_size=max_body_bytes, middlewares=[openai_errors])
+  if keepalive_s <= 0:
+    raise errors.ConfigError(f"--keepalive_s must be > 0, got {keepalive_s}")
+  app = web.Application(client_max_size=max_body_bytes,
+                        middlewares=[finish_despite_disconnect, request_ids, openai_errors])
   app[SESSION_KEY] = session
   app[DEADLINE_KEY] = float(deadline_s)
   app[MAX_BODY_KEY] = int(max_body_bytes)
+  app[KEEPALIVE_KEY] = float(keepalive_s)
   app.router.add_get("/v1/models", list_models)
   app.router.add_post("/v1/chat/completions", chat_completions)
   app.router.add_post("/v1/feedback", feedback)
@@ -362,15 +537,18 @@ def make_app(session: session_lib.RouterSession, *, max_body_bytes: int = 1 << 2
 
 
 def serve(session: session_lib.RouterSession, *, host: str, port: int, max_body_bytes: int,
-          deadline_s: float, print_fn=print) -> None:
+          deadline_s: float, keepalive_s: float = 5.0, print_fn=print) -> None:
   """Serves until SIGINT or SIGTERM, then flushes the memory and closes the backends.
 
   Prints one line "serving graphplanner ... on http://HOST:PORT/v1" once it accepts connections
   (port 0 picks a free port; the line names it)."""
-  app = make_app(session, max_body_bytes=max_body_bytes, deadline_s=deadline_s)
+  app = make_app(session, max_body_bytes=max_body_bytes, deadline_s=deadline_s,
+                 keepalive_s=keepalive_s)
 
   async def main():
-    runner = web.AppRunner(app, access_log=None, handle_signals=False)
+    # handler_cancellation: aiohttp (3.7+) leaves a handler running when its client disconnects
+    # unless asked; a chat completion is then cancelled (finish_despite_disconnect keeps the rest).
+    runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port)
     await site.start()
