@@ -1,10 +1,14 @@
 """The OpenAI-compatible HTTP API of a router server (aiohttp, the project's async HTTP stack).
 
   GET  /v1/models            "graphplanner" (the trained router) and every backbone LLM
-  POST /v1/chat/completions  model "graphplanner": the learned workflow answers; a backbone name:
-                             one pass-through call. `stream: true` sends OpenAI SSE chunks ending
-                             with `data: [DONE]`. Optional `metadata: {"task": ...}` picks the
-                             task prompt family.
+  POST /v1/chat/completions  model "graphplanner": the learned workflow answers the last user
+                             message (the other messages are context: conversation.py); a
+                             backbone name: one pass-through call. `stream: true` opens an OpenAI
+                             SSE stream at once (role chunk, keep-alive comments while the
+                             workflow runs, the final call's tokens as the pool streams them,
+                             `data: [DONE]`). Optional `metadata: {"task": ...}` picks the task
+                             prompt family. temperature, top_p, max_tokens, stop reach the final
+                             call, seed every call; fields the server cannot honour get 400.
   POST /v1/feedback          {"id": completion id, "score": 0..1}: the request's outcome joins
                              the router's history memory
   GET  /v1/routes?since=T    served requests created after unix time T (&limit=N)
@@ -17,12 +21,16 @@ error), `cost_usd` (the sum over the route), `history_rows` (history memory rows
 read), `task` and `timing` (seconds: total_s; backbone_s awaiting LLM calls; router_s = total_s -
 backbone_s, the router's overhead including waiting for the event loop; compute_s, the router's
 own work: features, its share of the batched policy calls; decisions); the `x-gp-route` header gives the
-route compactly ("role:llm,role:llm,...") and `x-gp-cost-usd` the total $ cost. `usage` sums the
-tokens of every call.
+route compactly ("role:llm,role:llm,...") and `x-gp-cost-usd` the total $ cost (not on streams,
+whose headers go out first). `usage` sums the tokens of every call. Every response carries
+`x-request-id` (the client's when safe, else a new one).
 
 Errors use OpenAI's format, {"error": {"message", "type", "param", "code"}}: malformed JSON or
-missing user message 400, unknown model or id 404, body over the size limit 413, a request the
-backbones could not answer 502, one past the deadline 504.
+missing user message 400, an unsupported field 400 `unsupported_parameter`, unknown model or id
+404, body over the size limit 413, a full wait queue 429 `server_overloaded` with Retry-After, a
+request the backbones could not answer 502, one past the deadline 504; after a stream opened,
+an SSE error event. A client that disconnects cancels its chat completion (handler
+cancellation); other requests finish.
 """
 from __future__ import annotations
 
