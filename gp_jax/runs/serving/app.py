@@ -441,7 +441,7 @@ async def _stream(request: web.Request, s: session_lib.RouterSession, req: _Chat
       await resp.write(chunk({"content": item}))
     served = work.result()   # RequestError: the error event below
     rec = served.record
-    if not streamed:   # a backend that cannot stream: the answer in pieces
+    if not streamed:   # nothing came through on_delta (e.g. an empty answer): the answer here
       text = served.answer
       for i in range(0, len(text), STREAM_PIECE_CHARS):
         await resp.write(chunk({"content": text[i:i + STREAM_PIECE_CHARS]}))

@@ -12,6 +12,12 @@ jitted batched policy (rl/rollout.PolicyRunner, batch padded to a few fixed size
 once per size) and hands each request its action; LLM calls go through the pool (the simulator,
 or the OpenAI-compatible pool with its limits, retries and replicas).
 
+Request flow: `admit` gives a request a workflow slot or one of `max_queue` places waiting for
+one (429 beyond); a cancelled request (client gone, deadline) stops at its next await and logs
+the calls it spent; the policy calls and the text encoder run in one worker thread, off the
+loop; the final call (the root's Executor) takes the request's sampling and may stream its
+text; the conversation's other messages reach the calls on the root node as context.
+
 Memory: decisions read the history memory (per-hub sums in the transductive mode). A served
 request joins it when its outcome is known: `feedback(id, score)` turns the request's calls into
 history rows with utility = score (as a training episode's calls join with their utility), the
@@ -29,7 +35,6 @@ import asyncio
 import collections
 import concurrent.futures
 import dataclasses
-import functools
 import logging
 import math
 import pathlib

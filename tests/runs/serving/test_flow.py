@@ -381,3 +381,39 @@ def test_on_the_simulator_context_keeps_the_query_and_compute_runs_off_the_loop(
   assert all(c["error"] is None for c in with_context.record["calls"])
   assert {kind for kind, _ in threads} == {"policy", "encode"}
   assert all(name.startswith("router-compute") for _, name in threads), threads
+
+
+def test_pool_streams_the_answer_in_pieces_and_retries_before_the_first():
+  """OpenAIPool.chat_stream against the test server: the pieces as they come, the usage and
+  finish_reason of the streamed answer, a fault before any piece retried like `chat`'s."""
+  from gp_jax.llm import base
+  from gp_jax.llm import catalog as catalog_lib
+  from gp_jax.llm import openai_pool
+  model = LLMS[0]
+  messages = [{"role": "user", "content": "one two three four"}]
+  with testing_server.FakeOpenAIServer(models=(model,), script=("http_500", None)) as srv:
+    pool = openai_pool.OpenAIPool(catalog_lib.load_catalog(),
+                                  {model: [{"base_url": srv.url, "model": model}]},
+                                  backoff_base_s=0.01)
+
+    async def run():
+      try:
+        pieces = []
+        streamed = await pool.chat_stream(model, messages, base.SamplingParams(), pieces.append)
+        cut = await pool.chat_stream(model, messages, base.SamplingParams(max_tokens=2),
+                                     lambda _: None)
+        plain = await pool.chat(model, messages, base.SamplingParams())
+        return pieces, streamed, cut, plain
+      finally:
+        await pool.aclose()
+
+    pieces, streamed, cut, plain = asyncio.run(run())
+    assert srv.requests == 4 and srv.faults_sent == {"http_500": 1}
+    assert srv.bodies[0]["stream"] is True and srv.bodies[0]["stream_options"] == {
+        "include_usage": True}
+  assert pieces == ["echo: ", "one ", "two ", "three ", "four"]
+  assert streamed.text == plain.text == "".join(pieces) and streamed.error is None
+  assert (streamed.input_tokens, streamed.output_tokens) == (plain.input_tokens,
+                                                             plain.output_tokens)
+  assert streamed.finish_reason == plain.finish_reason == "stop"
+  assert cut.text == "echo: one" and cut.finish_reason == "length"
