@@ -387,7 +387,7 @@ async def _stream(request: web.Request, s: session_lib.RouterSession, req: _Chat
                   rid: str, admission: session_lib.Admission) -> web.StreamResponse:
   """The answer as OpenAI SSE chunks. The stream opens at once (headers and the role chunk),
   then a keep-alive comment every keepalive_s while the workflow runs; the final call's text as
-  the pool streams it (or the answer in pieces when it cannot); the chunk with the
+  the pool streams it (all at once from a pool that cannot stream); the chunk with the
   finish_reason and the route; the usage when asked; [DONE]. A failure after the stream opened
   is one SSE error event (OpenAI's error object), then [DONE]."""
   xrid = request[REQUEST_ID_KEY]
@@ -430,6 +430,7 @@ async def _stream(request: web.Request, s: session_lib.RouterSession, req: _Chat
       except TimeoutError:
         if time.monotonic() >= ends:
           work.cancel()
+          await asyncio.wait({work})   # its spent calls are logged before the client hears
           s.counters["timeout"] += 1
           raise RequestError(504, f"no answer within the server's deadline of "
                              f"{request.app[DEADLINE_KEY]:g} s", "timeout") from None
@@ -449,19 +450,22 @@ async def _stream(request: web.Request, s: session_lib.RouterSession, req: _Chat
     if req.include_usage:
       await resp.write(_sse({"id": rid, "object": "chat.completion.chunk", "created": created,
                              "model": req.model, "choices": [], "usage": rec["usage"]}))
-  except RequestError as e:
-    try:
-      await resp.write(b"event: error\n" + _sse(_error_body(e.status, e.message, e.code,
-                                                              e.param)))
-    except ConnectionResetError:
-      s.counters["client_gone"] += 1
-      return resp
   except (ConnectionResetError, asyncio.CancelledError) as e:   # the client left
     s.counters["client_gone"] += 1
     work.cancel()
     if isinstance(e, asyncio.CancelledError):
       raise
     return resp
+  except Exception as e:   # the headers went out: the error is an event of the stream
+    if not isinstance(e, RequestError):
+      logging.getLogger(__name__).exception("streamed request failed")
+      e = RequestError(500, "internal error", "internal_error")
+    try:
+      await resp.write(b"event: error\n" + _sse(_error_body(e.status, e.message, e.code,
+                                                              e.param)))
+    except ConnectionResetError:
+      s.counters["client_gone"] += 1
+      return resp
   finally:
     if not work.done():
       work.cancel()

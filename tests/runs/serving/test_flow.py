@@ -37,13 +37,14 @@ def backend():
 @pytest.fixture(scope="module")
 def router(workdir, backend, tmp_path_factory):
   """The router on the test server: 2 workflows at once, 2 more may wait, keep-alives every
-  0.2 s."""
+  0.2 s, 10 s to answer."""
   state = tmp_path_factory.mktemp("flow")
   endpoints = state / "endpoints.json"
   endpoints.write_text(json.dumps({m: [{"base_url": backend.url, "model": m}] for m in LLMS}))
   srv = process.RouterProcess([f"--workdir={workdir}", "--memory_path=none",
                                "--config.backend=endpoints", f"--config.endpoints_file={endpoints}",
-                               "--max_concurrency=2", "--max_queue=2", "--keepalive_s=0.2"],
+                               "--max_concurrency=2", "--max_queue=2", "--keepalive_s=0.2",
+                               "--deadline_s=10"],
                               state / "server.log").start()
   yield srv
   srv.stop()
@@ -218,6 +219,17 @@ def test_an_error_after_the_stream_opened_is_an_sse_error_event(router, calm):
   with pytest.raises(openai.APIError) as e:
     list(_client(router).chat.completions.create(stream=True, **_chat_body()))
   assert e.value.body["code"] == "backbone_error"
+
+
+def test_a_stream_past_the_deadline_ends_with_a_timeout_event(router, calm):
+  calm.config.latency_s = 4.0   # three calls take longer than the 10 s deadline
+  before = _health(router)["counters"]
+  with pytest.raises(openai.APIError) as e:
+    list(_client(router).chat.completions.create(stream=True, **_chat_body()))
+  assert e.value.body["code"] == "timeout"
+  after = _health(router)["counters"]
+  assert after["timeout"] - before.get("timeout", 0) == 1
+  assert after["cancelled"] - before.get("cancelled", 0) == 1   # its workflow was cancelled
 
 
 def test_sampling_fields_reach_the_final_call(router, calm):
