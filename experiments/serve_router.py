@@ -13,6 +13,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments import common
+from gp_jax import errors
 from gp_jax.runs.serving import app
 from gp_jax.runs.serving import session
 
@@ -47,6 +48,9 @@ _DEADLINE = flags.DEFINE_float("deadline_s", 600.0, "A request unanswered after 
 @common.user_errors_exit_2
 def main(argv):
   del argv
+  if _KEEPALIVE.value <= 0 or (_MAX_QUEUE.value is not None and _MAX_QUEUE.value < 0):
+    raise errors.ConfigError("--keepalive_s must be > 0 and --max_queue >= 0, got "
+                             f"{_KEEPALIVE.value:g} and {_MAX_QUEUE.value}")
   overrides = config_flags.get_override_values(flags.FLAGS["config"])
   config = session.load_config(_WORKDIR.value, overrides)
   memory = _MEMORY_PATH.value or str(pathlib.Path(_WORKDIR.value) / "served" / "memory.npz")

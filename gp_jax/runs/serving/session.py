@@ -55,6 +55,7 @@ from gp_jax.rl import rollout
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
+from gp_jax.runs.serving import conversation as conversation_lib
 from gp_jax.runs.serving import store
 from gp_jax.sim import simulator as sim
 from gp_jax.types import Query
@@ -573,7 +574,8 @@ class RouterSession:
                         admission: "Admission | None" = None,
                         request_id: str | None = None) -> Served:
     """One call of backbone `model`, no routing. On the simulator (which answers only the
-    workflow's role prompts) the last user message is asked as one Executor call."""
+    workflow's role prompts) the last user message is asked as one Executor call, with the
+    other messages as its context block (conversation.render)."""
     try:
       task = self.check_task(task)
     except RequestError:
@@ -588,7 +590,8 @@ class RouterSession:
       q = self.make_query(text, task, rid)
       if self.world is not None:
         messages = prompts.build_messages(self.executor, self.env.reset(q), self.system.mdp_cfg,
-                                          *self.describe(q))
+                                          *self.describe(q),
+                                          conversation=conversation_lib.render(messages))
       try:
         if on_delta is None:
           out = await self.pool.chat(model, messages, params)
