@@ -383,98 +383,125 @@ def _sse(obj) -> bytes:
   return f"data: {json.dumps(obj)}\n\n".encode()
 
 
+class _Stream:
+  """One streamed chat completion: the SSE response and the task running the workflow."""
+
+  def __init__(self, request: web.Request, s: session_lib.RouterSession, req: _ChatRequest,
+               rid: str, admission: session_lib.Admission):
+    self.request, self.s, self.req, self.rid, self.admission = request, s, req, rid, admission
+    self.created = int(time.time())
+    self.deadline_s = request.app[DEADLINE_KEY]
+    self.ends = time.monotonic() + self.deadline_s
+    self.events: asyncio.Queue = asyncio.Queue()
+    self.work: asyncio.Task | None = None
+    self.resp = web.StreamResponse(headers={
+        "Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+        "x-request-id": request[REQUEST_ID_KEY], "x-gp-request-id": rid})
+
+  def chunk(self, delta: dict, finish=None, **extra) -> bytes:
+    return _sse({"id": self.rid, "object": "chat.completion.chunk", "created": self.created,
+                 "model": self.req.model, "choices": [{"index": 0, "delta": delta,
+                                                       "finish_reason": finish,
+                                                       "logprobs": None}], **extra})
+
+  async def open(self) -> None:
+    """Headers and the role chunk, before the workflow runs; then the workflow's task."""
+    try:
+      await self.resp.prepare(self.request)
+      await self.resp.write(self.chunk({"role": "assistant", "content": ""}))
+    except BaseException:
+      self.admission.cancel()
+      raise
+    self.work = asyncio.get_running_loop().create_task(_run(
+        self.s, self.req, self.rid, self.request[REQUEST_ID_KEY], self.admission,
+        on_delta=self.events.put_nowait))
+    self.work.add_done_callback(self._finished)
+
+  def _finished(self, t: asyncio.Task) -> None:
+    self.admission.cancel()   # a task cancelled before it started never took its place
+    if not t.cancelled():
+      t.exception()           # retrieved here; read again in `answer`
+    self.events.put_nowait(self)   # the end marker
+
+  async def relay(self) -> bool:
+    """Forwards the final call's pieces as they come, with a keep-alive comment every
+    keepalive_s, until the workflow ends; whether any piece came. RequestError 504 (after
+    cancelling the workflow) past the deadline."""
+    keepalive = self.request.app[KEEPALIVE_KEY]
+    streamed = False
+    while True:
+      try:
+        item = await asyncio.wait_for(
+            self.events.get(), max(0.0, min(keepalive, self.ends - time.monotonic())))
+      except TimeoutError:
+        if time.monotonic() >= self.ends:
+          self.work.cancel()
+          await asyncio.wait({self.work})   # its spent calls are logged before the client hears
+          self.s.counters["timeout"] += 1
+          raise RequestError(504, f"no answer within the server's deadline of "
+                             f"{self.deadline_s:g} s", "timeout") from None
+        await self.resp.write(KEEPALIVE)
+        continue
+      if item is self:
+        return streamed
+      streamed = True
+      await self.resp.write(self.chunk({"content": item}))
+
+  async def answer(self, streamed: bool) -> None:
+    """The rest of the answer: its text if no piece came, the finish chunk with the route, the
+    usage chunk when asked. Raises the workflow's RequestError."""
+    served = self.work.result()
+    rec = served.record
+    if not streamed:   # nothing came through on_delta (e.g. an empty answer): the answer here
+      text = served.answer
+      for i in range(0, len(text), STREAM_PIECE_CHARS):
+        await self.resp.write(self.chunk({"content": text[i:i + STREAM_PIECE_CHARS]}))
+    await self.resp.write(self.chunk({}, rec["finish_reason"], graphplanner=_extension(rec)))
+    if self.req.include_usage:
+      await self.resp.write(_sse({"id": self.rid, "object": "chat.completion.chunk",
+                                  "created": self.created, "model": self.req.model,
+                                  "choices": [], "usage": rec["usage"]}))
+
+  async def error(self, e: Exception) -> None:
+    """A failure after the headers went out: one SSE error event."""
+    if not isinstance(e, RequestError):
+      logging.getLogger(__name__).exception("streamed request failed", exc_info=e)
+      e = RequestError(500, "internal error", "internal_error")
+    await self.resp.write(b"event: error\n" + _sse(_error_body(e.status, e.message, e.code,
+                                                                 e.param)))
+
+  async def close(self) -> None:
+    await self.resp.write(b"data: [DONE]\n\n")
+    await self.resp.write_eof()
+
+
 async def _stream(request: web.Request, s: session_lib.RouterSession, req: _ChatRequest,
                   rid: str, admission: session_lib.Admission) -> web.StreamResponse:
   """The answer as OpenAI SSE chunks. The stream opens at once (headers and the role chunk),
   then a keep-alive comment every keepalive_s while the workflow runs; the final call's text as
   the pool streams it (all at once from a pool that cannot stream); the chunk with the
   finish_reason and the route; the usage when asked; [DONE]. A failure after the stream opened
-  is one SSE error event (OpenAI's error object), then [DONE]."""
-  xrid = request[REQUEST_ID_KEY]
-  created = int(time.time())
-  keepalive = request.app[KEEPALIVE_KEY]
-  resp = web.StreamResponse(headers={"Content-Type": "text/event-stream",
-                                     "Cache-Control": "no-cache", "x-request-id": xrid,
-                                     "x-gp-request-id": rid})
-
-  def chunk(delta: dict, finish=None, **extra) -> bytes:
-    return _sse({"id": rid, "object": "chat.completion.chunk", "created": created,
-                 "model": req.model, "choices": [{"index": 0, "delta": delta,
-                                                  "finish_reason": finish, "logprobs": None}],
-                 **extra})
-
+  is one SSE error event (OpenAI's error object), then [DONE]. A client that leaves cancels the
+  workflow."""
+  st = _Stream(request, s, req, rid, admission)
+  await st.open()
   try:
-    await resp.prepare(request)
-    await resp.write(chunk({"role": "assistant", "content": ""}))
-  except BaseException:
-    admission.cancel()
-    raise
-  events: asyncio.Queue = asyncio.Queue()
-  done = object()
-  work = asyncio.get_running_loop().create_task(
-      _run(s, req, rid, xrid, admission, on_delta=events.put_nowait))
-
-  def finished(t: asyncio.Task) -> None:
-    admission.cancel()   # a task cancelled before it started never took its place
-    if not t.cancelled():
-      t.exception()      # retrieved here; read again below
-    events.put_nowait(done)
-  work.add_done_callback(finished)
-  ends = time.monotonic() + request.app[DEADLINE_KEY]
-  streamed = []
-  try:
-    while True:
-      try:
-        item = await asyncio.wait_for(events.get(), max(0.0, min(keepalive,
-                                                                 ends - time.monotonic())))
-      except TimeoutError:
-        if time.monotonic() >= ends:
-          work.cancel()
-          await asyncio.wait({work})   # its spent calls are logged before the client hears
-          s.counters["timeout"] += 1
-          raise RequestError(504, f"no answer within the server's deadline of "
-                             f"{request.app[DEADLINE_KEY]:g} s", "timeout") from None
-        await resp.write(KEEPALIVE)
-        continue
-      if item is done:
-        break
-      streamed.append(item)
-      await resp.write(chunk({"content": item}))
-    served = work.result()   # RequestError: the error event below
-    rec = served.record
-    if not streamed:   # nothing came through on_delta (e.g. an empty answer): the answer here
-      text = served.answer
-      for i in range(0, len(text), STREAM_PIECE_CHARS):
-        await resp.write(chunk({"content": text[i:i + STREAM_PIECE_CHARS]}))
-    await resp.write(chunk({}, rec["finish_reason"], graphplanner=_extension(rec)))
-    if req.include_usage:
-      await resp.write(_sse({"id": rid, "object": "chat.completion.chunk", "created": created,
-                             "model": req.model, "choices": [], "usage": rec["usage"]}))
-  except (ConnectionResetError, asyncio.CancelledError) as e:   # the client left
-    s.counters["client_gone"] += 1
-    work.cancel()
-    if isinstance(e, asyncio.CancelledError):
-      raise
-    return resp
-  except Exception as e:   # the headers went out: the error is an event of the stream
-    if not isinstance(e, RequestError):
-      logging.getLogger(__name__).exception("streamed request failed")
-      e = RequestError(500, "internal error", "internal_error")
     try:
-      await resp.write(b"event: error\n" + _sse(_error_body(e.status, e.message, e.code,
-                                                              e.param)))
-    except ConnectionResetError:
-      s.counters["client_gone"] += 1
-      return resp
-  finally:
-    if not work.done():
-      work.cancel()
-  try:
-    await resp.write(b"data: [DONE]\n\n")
-    await resp.write_eof()
-  except ConnectionResetError:
+      await st.answer(await st.relay())
+    except (ConnectionResetError, asyncio.CancelledError):
+      raise
+    except Exception as e:   # RequestError, or a bug: an event of the stream
+      await st.error(e)
+    finally:
+      if not st.work.done():
+        st.work.cancel()
+    await st.close()
+  except ConnectionResetError:   # the client left
     s.counters["client_gone"] += 1
-  return resp
+  except asyncio.CancelledError:   # the client left (handler cancellation)
+    s.counters["client_gone"] += 1
+    raise
+  return st.resp
 
 
 async def feedback(request: web.Request) -> web.Response:
