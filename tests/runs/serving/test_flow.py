@@ -212,6 +212,12 @@ def test_a_stream_opens_at_once_keeps_alive_and_streams_the_final_call(router, c
   text = "".join(ch.choices[0].delta.content or "" for ch in _client(router).chat.completions.create(
       stream=True, **_chat_body()) if ch.choices)
   assert text == plain.choices[0].message.content
+  # A streamed pass-through call is relayed piece by piece as well.
+  base = len(calm.bodies)
+  pieces = [ch.choices[0].delta.content for ch in _client(router).chat.completions.create(
+      model=LLMS[0], stream=True, messages=[{"role": "user", "content": "one two three"}])
+      if ch.choices and ch.choices[0].delta.content]
+  assert pieces == ["echo: ", "one ", "two ", "three"] and calm.bodies[base]["stream"] is True
 
 
 def test_an_error_after_the_stream_opened_is_an_sse_error_event(router, calm):
