@@ -21,6 +21,10 @@ them from here:
   SUBQUESTION,    children block of the CHILDREN_KINDS     (sub-question, answer) pairs, in order
   ANSWER
 
+A served request's conversation (serving/conversation.py) may precede the template text of a
+root call's user message: its lines start with its header or a role label ("System: ", "User: ",
+"Assistant: "), never with a marker, so the readers above read the same fields.
+
 QUESTION to ANSWER each start a line; the node's text and the notes are one line each (the
 simulator's texts are). The optimum adds the tokens of NOTES, DRAFT, SUBQUESTION and ANSWER to
 those of the rendered templates, so it counts exactly what `build_messages` sends.
