@@ -15,6 +15,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments import common
+from gp_jax import errors
 from gp_jax.runs.serving import app
 from gp_jax.runs.serving import auth
 from gp_jax.runs.serving import ratelimit
@@ -38,6 +39,12 @@ _ROUTE_LOG = flags.DEFINE_string("route_log", "",
 _DEFAULT_TASK = flags.DEFINE_string("default_task", "",
                                     "Task family of requests without metadata.task ('' = mmlu "
                                     "on the simulator, the first training task otherwise).")
+_MAX_QUEUE = flags.DEFINE_integer("max_queue", None,
+                                  "Requests that may wait for a workflow slot (default 4 x "
+                                  "--max_concurrency); more get 429 with Retry-After at once.")
+_KEEPALIVE = flags.DEFINE_float("keepalive_s", 5.0,
+                                "A stream sends an SSE keep-alive comment this often while the "
+                                "workflow runs.")
 _MAX_BODY = flags.DEFINE_integer("max_body_bytes", 1 << 20, "Larger request bodies get 413.")
 _DEADLINE = flags.DEFINE_float("deadline_s", 600.0, "A request unanswered after this gets 504.")
 _KEYS = flags.DEFINE_string("api_keys_file", "",
@@ -57,6 +64,9 @@ _FEEDBACK_RPS = flags.DEFINE_float("feedback_rps", 0.0, "Feedback per second per
 @common.user_errors_exit_2
 def main(argv):
   del argv
+  if _KEEPALIVE.value <= 0 or (_MAX_QUEUE.value is not None and _MAX_QUEUE.value < 0):
+    raise errors.ConfigError("--keepalive_s must be > 0 and --max_queue >= 0, got "
+                             f"{_KEEPALIVE.value:g} and {_MAX_QUEUE.value}")
   keys = auth.load(_KEYS.value) if _KEYS.value else None
   auth.check_bind(_HOST.value, keys)   # before the slow start: refuse at once
   # Bad limits are refused here too, before the router loads.
@@ -70,11 +80,12 @@ def main(argv):
   log = None if log in ("", "none") else log
   s = session.RouterSession(config, _WORKDIR.value, max_concurrency=_MAX_CONCURRENCY.value,
                             memory_path=memory, route_log=log,
-                            default_task=_DEFAULT_TASK.value or None)
+                            default_task=_DEFAULT_TASK.value or None,
+                            max_queue=_MAX_QUEUE.value)
   app.serve(s, host=_HOST.value, port=_PORT.value, max_body_bytes=_MAX_BODY.value,
             deadline_s=_DEADLINE.value, keys=keys, allowed_hosts=tuple(_ALLOWED_HOSTS.value),
             rate_limit_rps=_RATE.value, rate_limit_burst=_BURST.value,
-            feedback_rps=_FEEDBACK_RPS.value)
+            feedback_rps=_FEEDBACK_RPS.value, keepalive_s=_KEEPALIVE.value)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from typing import Mapping, Sequence
+from typing import Callable, Mapping, Sequence
 
 from gp_jax.llm import catalog as catalog_lib
 
@@ -41,6 +41,7 @@ class Completion:
   cost_usd: float
   latency_s: float = 0.0
   error: str | None = None   # None on success; a short kind ('timeout', 'http_500', 'malformed', ...)
+  finish_reason: str | None = None   # the backend's reason ('stop', 'length', ...); None: unknown
 
   @property
   def ok(self) -> bool:
@@ -57,6 +58,15 @@ class LLMPool(abc.ABC):
   async def chat(self, model: str, messages: Sequence[Message],
                  params: SamplingParams = SamplingParams()) -> Completion:
     """One chat completion from `model` (a catalog name). Never raises for backend faults."""
+
+  async def chat_stream(self, model: str, messages: Sequence[Message], params: SamplingParams,
+                        on_delta: Callable[[str], None]) -> Completion:
+    """`chat`, handing the answer's text to `on_delta` as it comes. The default (a backend that
+    cannot stream) hands the whole text over once, after the call; never on a failed call."""
+    out = await self.chat(model, messages, params)
+    if out.error is None and out.text:
+      on_delta(out.text)
+    return out
 
   async def aclose(self) -> None:
     """Releases connections; the default has nothing to release."""

@@ -6,6 +6,9 @@ replica's slots only while the HTTP request is open, and retries transient fault
 errors, timeouts, 429, 5xx) with exponential backoff and full jitter, possibly on another replica.
 Other 4xx answers are not retried. Malformed or empty answers come back as failed Completions.
 `chat` never raises for backend faults and never waits longer than `total_timeout_s`.
+`chat_stream` asks for `stream: true` and hands the answer's pieces over as they arrive (the
+router server streams its final call that way); it retries only until the first piece went out.
+Completions carry the server's finish_reason ('length': cut by max_tokens).
 
 Token usage comes from the server's `usage` field and becomes $ through the catalog prices.
 """
@@ -167,10 +170,20 @@ def parse_chat_response(status: int, body: bytes, headers: Mapping[str, str] | N
   Raises:
     _Fault: for non-200 statuses, bodies that are not the expected JSON, and empty content.
   """
+  return _parse_chat(status, body, headers)[:3]
+
+
+def _check_status(status: int, headers: Mapping[str, str] | None) -> None:
   if status != 200:
     retryable = status >= 500 or status in _RETRYABLE_STATUS
     retry_after = _parse_retry_after((headers or {}).get("Retry-After"))
     raise _Fault(f"http_{status}", retryable, retry_after)
+
+
+def _parse_chat(status: int, body: bytes, headers: Mapping[str, str] | None = None
+                ) -> tuple[str, int, int, str | None]:
+  """parse_chat_response, and the choice's finish_reason (None when absent)."""
+  _check_status(status, headers)
   try:
     data = json.loads(body)
     choice = data["choices"][0]
@@ -179,6 +192,15 @@ def parse_chat_response(status: int, body: bytes, headers: Mapping[str, str] | N
     n_in, n_out = usage["prompt_tokens"], usage.get("completion_tokens", 0)
   except (json.JSONDecodeError, UnicodeDecodeError, KeyError, IndexError, TypeError):
     raise _Fault("malformed", retryable=False) from None
+  return _checked(content, n_in, n_out) + (_finish_reason(choice),)
+
+
+def _finish_reason(choice) -> str | None:
+  reason = choice.get("finish_reason") if isinstance(choice, dict) else None
+  return reason if isinstance(reason, str) else None
+
+
+def _checked(content, n_in, n_out) -> tuple[str, int, int]:
   if not (isinstance(n_in, int) and isinstance(n_out, int) and n_in >= 0 and n_out >= 0):
     raise _Fault("malformed", retryable=False)
   if content is None or (isinstance(content, str) and not content.strip()):
@@ -186,6 +208,54 @@ def parse_chat_response(status: int, body: bytes, headers: Mapping[str, str] | N
   if not isinstance(content, str):
     raise _Fault("malformed", retryable=False)
   return content, n_in, n_out
+
+
+async def _read_stream(resp: aiohttp.ClientResponse, on_delta, emitted: list
+                       ) -> tuple[str, int, int, str | None]:
+  """Reads a streamed /chat/completions answer (SSE chunks), handing each piece of content to
+  `on_delta` as it arrives; `emitted` gets True once a piece went out (no retry after that).
+  Token counts come from the usage chunk (stream_options.include_usage); a server that sends
+  none is counted as 0 input tokens and one output token per content chunk."""
+  parts: list[str] = []
+  usage = None
+  finish = None
+  chunks = 0
+  async for raw in resp.content:
+    line = raw.decode("utf-8", errors="replace").strip()
+    if not line.startswith("data:"):
+      continue   # comments, event names, blank separators
+    data = line[len("data:"):].strip()
+    if data == "[DONE]":
+      break
+    try:
+      obj = json.loads(data)
+    except json.JSONDecodeError:
+      raise _Fault("malformed", retryable=not emitted) from None
+    if not isinstance(obj, dict):
+      raise _Fault("malformed", retryable=not emitted)
+    if obj.get("error"):
+      raise _Fault("stream_error", retryable=not emitted)
+    if isinstance(obj.get("usage"), dict):
+      usage = obj["usage"]
+    for choice in obj.get("choices") or ():
+      delta = choice.get("delta") if isinstance(choice, dict) else None
+      piece = delta.get("content") if isinstance(delta, dict) else None
+      if isinstance(piece, str) and piece:
+        parts.append(piece)
+        chunks += 1
+        emitted.append(True)
+        on_delta(piece)
+      finish = _finish_reason(choice) or finish
+  text = "".join(parts)
+  if usage is not None:
+    n_in, n_out = usage.get("prompt_tokens"), usage.get("completion_tokens", 0)
+  else:
+    n_in, n_out = 0, chunks
+  try:
+    return _checked(text, n_in, n_out) + (finish,)
+  except _Fault as f:
+    f.retryable = f.retryable and not emitted
+    raise
 
 
 class OpenAIPool(base.LLMPool):
@@ -257,11 +327,15 @@ class OpenAIPool(base.LLMPool):
   # ---- one attempt ----
   async def _attempt(self, state: _LoopState, model: str, avoid: _Replica | None,
                      messages: Sequence[base.Message], params: base.SamplingParams,
-                     deadline: float) -> tuple[_Replica | None, tuple[str, int, int]]:
+                     deadline: float, on_delta=None, emitted: list | None = None
+                     ) -> tuple[_Replica | None, tuple[str, int, int, str | None]]:
     """One HTTP attempt on the best free replica; the slot is held only while the request is open.
 
-    Returns (replica used, (text, prompt_tokens, completion_tokens)). Raises _Fault.
+    on_delta: stream the answer (`stream: true`), handing it pieces as they come.
+    Returns (replica used, (text, prompt_tokens, completion_tokens, finish_reason)).
+    Raises _Fault (not retryable once a streamed piece went out).
     """
+    emitted = [] if emitted is None else emitted
     replica = None
     try:
       async with asyncio.timeout(max(0.0, deadline - time.monotonic())):
@@ -269,21 +343,25 @@ class OpenAIPool(base.LLMPool):
         try:
           self._stats[f"requests/{replica.endpoint.base_url}"] += 1
           payload = self._payload(replica.endpoint.model, messages, params)
+          if on_delta is not None:
+            payload.update(stream=True, stream_options={"include_usage": True})
           async with asyncio.timeout(self.timeout_s):
             async with state.session.post(replica.endpoint.chat_url, json=payload) as resp:
-              body = await resp.read()
-              return replica, parse_chat_response(resp.status, body, resp.headers)
+              if on_delta is None or resp.status != 200:
+                body = await resp.read()
+                return replica, _parse_chat(resp.status, body, resp.headers)
+              return replica, await _read_stream(resp, on_delta, emitted)
         finally:
           state.release(replica)
     except _Fault as f:
       f.replica = replica
       raise
     except asyncio.TimeoutError:
-      raise _Fault("timeout", retryable=True, replica=replica) from None
+      raise _Fault("timeout", retryable=not emitted, replica=replica) from None
     except (aiohttp.ClientConnectionError, aiohttp.ClientPayloadError, OSError):
-      raise _Fault("connection", retryable=True, replica=replica) from None
+      raise _Fault("connection", retryable=not emitted, replica=replica) from None
     except aiohttp.ClientError:
-      raise _Fault("client_error", retryable=True, replica=replica) from None
+      raise _Fault("client_error", retryable=not emitted, replica=replica) from None
 
   def _payload(self, api_model: str, messages: Sequence[base.Message],
                params: base.SamplingParams) -> dict:
@@ -299,6 +377,17 @@ class OpenAIPool(base.LLMPool):
   # ---- the interface ----
   async def chat(self, model: str, messages: Sequence[base.Message],
                  params: base.SamplingParams = base.SamplingParams()) -> base.Completion:
+    return await self._chat(model, messages, params, None)
+
+  async def chat_stream(self, model: str, messages: Sequence[base.Message],
+                        params: base.SamplingParams, on_delta) -> base.Completion:
+    """`chat` with `stream: true`: pieces of the answer go to `on_delta` as the server sends
+    them. Retries as `chat` does until the first piece went out; a fault after that ends the
+    call (the text already handed over cannot be taken back)."""
+    return await self._chat(model, messages, params, on_delta)
+
+  async def _chat(self, model: str, messages: Sequence[base.Message],
+                  params: base.SamplingParams, on_delta) -> base.Completion:
     spec = self.catalog[model]  # unknown names are a misconfiguration: ConfigError
     if model not in self.endpoints:
       raise errors.ConfigError(f"LLM {model!r} has no endpoint; the endpoints file lists "
@@ -310,13 +399,15 @@ class OpenAIPool(base.LLMPool):
     last: _Replica | None = None
     kind = "timeout"
     fault: _Fault | None = None
+    emitted: list = []
     for attempt in range(self.max_retries + 1):
       remaining = deadline - time.monotonic()
       if remaining <= 0:
         kind = "timeout"
         break
       try:
-        _, (text, n_in, n_out) = await self._attempt(state, model, last, messages, params, deadline)
+        _, (text, n_in, n_out, finish) = await self._attempt(
+            state, model, last, messages, params, deadline, on_delta, emitted)
       except _Fault as f:
         fault, kind, last = f, f.kind, f.replica
         self._stats[f"faults/{f.kind}"] += 1
@@ -330,7 +421,7 @@ class OpenAIPool(base.LLMPool):
         self._stats["ok"] += 1
         self._record_usage(n_in, n_out, cost, latency)
         return base.Completion(model=model, text=text, input_tokens=n_in, output_tokens=n_out,
-                               cost_usd=cost, latency_s=latency)
+                               cost_usd=cost, latency_s=latency, finish_reason=finish)
       if not fault.retryable or attempt == self.max_retries:
         break
       self._stats["retries"] += 1

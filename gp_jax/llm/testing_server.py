@@ -2,7 +2,8 @@
 
 It serves `/v1/chat/completions`, `/v1/embeddings`, `/v1/models` and `/health` on 127.0.0.1 and
 answers deterministically from the request (the reply echoes the last user message; token counts are
-whitespace word counts). A fault mix injects, at a set rate, the failures a real backend shows:
+whitespace word counts; `max_tokens` cuts the reply to that many words, with finish_reason "length";
+`stream: true` sends it as SSE chunks, one per word). A fault mix injects, at a set rate, the failures a real backend shows:
 
   timeout    the reply is held back for `timeout_sleep_s` (longer than any client timeout)
   http_500   500 Internal Server Error
@@ -49,6 +50,7 @@ class ServerConfig:
     models: model names served; empty accepts any name.
     embedding_dim: width of /v1/embeddings vectors.
     seed: seed of the fault draws.
+    stream_piece_s: pause after each piece of a streamed answer (`stream: true`).
   """
   latency_s: float = 0.0
   fault_rate: float = 0.0
@@ -58,6 +60,7 @@ class ServerConfig:
   models: Sequence[str] = ()
   embedding_dim: int = 32
   seed: int = 0
+  stream_piece_s: float = 0.0
 
   def __post_init__(self):
     bad = [f for f in list(self.faults) + [s for s in self.script if s] if f not in FAULT_KINDS]
@@ -183,17 +186,48 @@ class FakeOpenAIServer:
     with self._lock:
       self.bodies.append(body)
     text = "" if empty else reply_text(messages)
+    finish = "stop"
     max_tokens = body.get("max_tokens")
-    if isinstance(max_tokens, int) and max_tokens >= 0:
+    if isinstance(max_tokens, int) and max_tokens >= 0 and count_tokens(text) > max_tokens:
       text = " ".join(text.split()[:max_tokens])
+      finish = "length"
     prompt_tokens = sum(count_tokens(str(m.get("content", ""))) + 2 for m in messages)
+    usage = {"prompt_tokens": prompt_tokens, "completion_tokens": count_tokens(text),
+             "total_tokens": prompt_tokens + count_tokens(text)}
+    if body.get("stream") is True:
+      return await self._stream_answer(request, body, text, finish, usage)
     return web.json_response({
         "id": f"chatcmpl-{self.requests}", "object": "chat.completion", "model": body["model"],
-        "choices": [{"index": 0, "finish_reason": "stop",
+        "choices": [{"index": 0, "finish_reason": finish,
                      "message": {"role": "assistant", "content": text}}],
-        "usage": {"prompt_tokens": prompt_tokens, "completion_tokens": count_tokens(text),
-                  "total_tokens": prompt_tokens + count_tokens(text)},
+        "usage": usage,
     })
+
+  async def _stream_answer(self, request: web.Request, body: dict, text: str, finish: str,
+                           usage: dict) -> web.StreamResponse:
+    """`stream: true`: one SSE chunk per word (with its following space), the finish chunk,
+    the usage chunk when stream_options.include_usage, then [DONE]."""
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+    await resp.prepare(request)
+
+    def sse(choices, **extra) -> bytes:
+      obj = {"id": f"chatcmpl-{self.requests}", "object": "chat.completion.chunk",
+             "model": body["model"], "choices": choices, **extra}
+      return f"data: {json.dumps(obj)}\n\n".encode()
+
+    words = text.split(" ")
+    pieces = [w + " " for w in words[:-1]] + [words[-1]] if text else []
+    await resp.write(sse([{"index": 0, "delta": {"role": "assistant"}, "finish_reason": None}]))
+    for piece in pieces:
+      await resp.write(sse([{"index": 0, "delta": {"content": piece}, "finish_reason": None}]))
+      if self.config.stream_piece_s > 0:
+        await asyncio.sleep(self.config.stream_piece_s)
+    await resp.write(sse([{"index": 0, "delta": {}, "finish_reason": finish}]))
+    if (body.get("stream_options") or {}).get("include_usage"):
+      await resp.write(sse([], usage=usage))
+    await resp.write(b"data: [DONE]\n\n")
+    await resp.write_eof()
+    return resp
 
   async def _embed_answer(self, request: web.Request, empty: bool) -> web.Response:
     try:

@@ -29,6 +29,7 @@ class StepResult:
   reward: float
   done: bool
   call: mdp.Call
+  finish_reason: str | None = None   # the backend's ('length': cut by the token cap)
 
 
 class WorkflowEnv:
@@ -61,18 +62,27 @@ class WorkflowEnv:
       m &= np.tile(np.asarray(self.llm_mask(state), bool), len(self.space.roles))
     return m
 
-  async def step(self, state: mdp.WorkflowState, query: Query, action: int, seed: int) -> StepResult:
-    """Makes the LLM call of `action`, applies the transition, returns the reward."""
+  async def step(self, state: mdp.WorkflowState, query: Query, action: int, seed: int, *,
+                 params: base.SamplingParams | None = None, conversation: str = "",
+                 on_delta: Callable[[str], None] | None = None) -> StepResult:
+    """Makes the LLM call of `action`, applies the transition, returns the reward.
+
+    params: this call's sampling (default: the env's), with `seed`. conversation: a block the
+    call's user message starts with (prompts.build_messages). on_delta: the pool streams the
+    call's text to it (LLMPool.chat_stream)."""
     if state.done:
       raise RuntimeError("step on a finished episode")
     if not self.mask(state)[action]:
       raise ValueError(f"action {action} ({self.space.decode(action)[0].name}) is masked here")
     role, llm = self.space.decode(action)
     desc, fmt = self.describe(query)
-    messages = prompts.build_messages(role, state, self.cfg, desc, fmt)
-    params = dataclasses.replace(self.sampling, seed=seed)
+    messages = prompts.build_messages(role, state, self.cfg, desc, fmt, conversation=conversation)
+    params = dataclasses.replace(params or self.sampling, seed=seed)
     t0 = time.perf_counter()
-    out = await self.pool.chat(llm, messages, params)
+    if on_delta is None:
+      out = await self.pool.chat(llm, messages, params)
+    else:
+      out = await self.pool.chat_stream(llm, messages, params, on_delta)
     call = mdp.Call(step=state.steps, action=action, role=role.name, kind=role.kind, llm=llm,
                     node=state.current, input_text=state.node.text, output_text=out.text,
                     input_tokens=out.input_tokens, output_tokens=out.output_tokens,
@@ -82,7 +92,7 @@ class WorkflowEnv:
     r = reward_lib.step_reward(out.cost_usd, self.alpha)
     if state.done:
       r += self.reward_utility(state, query)
-    return StepResult(reward=r, done=state.done, call=call)
+    return StepResult(reward=r, done=state.done, call=call, finish_reason=out.finish_reason)
 
   def utility(self, state: mdp.WorkflowState, query: Query) -> float:
     u = float(self.scorer(state.final_answer, query)) if state.final_answer is not None else 0.0

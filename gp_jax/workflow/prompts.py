@@ -21,6 +21,10 @@ them from here:
   SUBQUESTION,    children block of the CHILDREN_KINDS     (sub-question, answer) pairs, in order
   ANSWER
 
+A served request's conversation (serving/conversation.py) may precede the template text of a
+root call's user message: its lines start with its header or a role label ("System: ", "User: ",
+"Assistant: "), never with a marker, so the readers above read the same fields.
+
 QUESTION to ANSWER each start a line; the node's text and the notes are one line each (the
 simulator's texts are). The optimum adds the tokens of NOTES, DRAFT, SUBQUESTION and ANSWER to
 those of the rendered templates, so it counts exactly what `build_messages` sends.
@@ -61,8 +65,13 @@ def width_fields(cfg: mdp.MDPConfig) -> dict:
 
 
 def build_messages(role: roles_lib.Role, state: mdp.WorkflowState, cfg: mdp.MDPConfig,
-                   task_description: str, answer_format: str) -> list[dict]:
-  """The chat messages of `role` acting on the current node of `state`."""
+                   task_description: str, answer_format: str, *,
+                   conversation: str = "") -> list[dict]:
+  """The chat messages of `role` acting on the current node of `state`.
+
+  conversation: a served request's earlier turns (serving/conversation.py renders them; no line
+  of it starts with a marker); the user message starts with it. Empty: the messages are exactly
+  the role templates'."""
   node = state.node
   context = ""
   if role.kind == "executor":
@@ -78,5 +87,8 @@ def build_messages(role: roles_lib.Role, state: mdp.WorkflowState, cfg: mdp.MDPC
       children=children_block(state, node) if role.kind in CHILDREN_KINDS else "",
       **width_fields(cfg),
   )
+  user = role.user.format(**fields)
+  if conversation:
+    user = f"{conversation}\n\n{user}"
   return [{"role": "system", "content": role.system.format(**fields)},
-          {"role": "user", "content": role.user.format(**fields)}]
+          {"role": "user", "content": user}]

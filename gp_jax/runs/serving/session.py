@@ -12,6 +12,12 @@ jitted batched policy (rl/rollout.PolicyRunner, batch padded to a few fixed size
 once per size) and hands each request its action; LLM calls go through the pool (the simulator,
 or the OpenAI-compatible pool with its limits, retries and replicas).
 
+Request flow: `admit` gives a request a workflow slot or one of `max_queue` places waiting for
+one (429 beyond); a cancelled request (client gone, deadline) stops at its next await and logs
+the calls it spent; the policy calls and the text encoder run in one worker thread, off the
+loop; the final call (the root's Executor) takes the request's sampling and may stream its
+text; the conversation's other messages reach the calls on the root node as context.
+
 Memory: decisions read the history memory (per-hub sums in the transductive mode). A served
 request joins it when its outcome is known: `feedback(id, score)` turns the request's calls into
 history rows with utility = score (as a training episode's calls join with their utility), the
@@ -27,11 +33,15 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import dataclasses
+import logging
+import math
 import pathlib
 import time
 import types
 import uuid
+from typing import Callable
 
 import jax
 import ml_collections
@@ -45,6 +55,7 @@ from gp_jax.rl import rollout
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
+from gp_jax.runs.serving import conversation as conversation_lib
 from gp_jax.runs.serving import store
 from gp_jax.sim import simulator as sim
 from gp_jax.types import Query
@@ -52,6 +63,7 @@ from gp_jax.workflow import env as env_lib
 from gp_jax.workflow import mdp
 from gp_jax.workflow import prompts
 
+_log = logging.getLogger(__name__)
 ROUTER_MODEL = "graphplanner"
 # Config fields a served workdir may take from the command line: where backbones are and how
 # long to wait for them, caches, replay, and the output cap of each call. Anything else changes
@@ -63,11 +75,49 @@ DEFAULT_SIM_TASK = "mmlu"        # the broadest simulated task family (multi-sub
 
 
 class RequestError(Exception):
-  """A request the server answers with an OpenAI-format error (HTTP status, message, code)."""
+  """A request the server answers with an OpenAI-format error (HTTP status, message, code, and
+  extra response headers such as Retry-After)."""
 
-  def __init__(self, status: int, message: str, code: str, param: str | None = None):
+  def __init__(self, status: int, message: str, code: str, param: str | None = None,
+               headers: dict | None = None):
     super().__init__(message)
     self.status, self.message, self.code, self.param = status, message, code, param
+    self.headers = dict(headers or {})
+
+
+class Admission:
+  """A request's place from `RouterSession.admit`: `async with` waits for a workflow slot and
+  holds it; `cancel` gives back a place never used."""
+
+  def __init__(self, session: "RouterSession"):
+    self._s = session
+    self._state = "waiting"
+    self._t0 = 0.0
+
+  async def __aenter__(self) -> "Admission":
+    s = self._s
+    try:
+      await s._slot().acquire()
+    finally:
+      s.waiting -= 1
+      self._state = "done"
+    self._state = "running"
+    s.in_flight += 1
+    self._t0 = time.perf_counter()
+    return self
+
+  async def __aexit__(self, *exc) -> None:
+    if self._state == "running":
+      s = self._s
+      self._state = "done"
+      s.in_flight -= 1
+      s._slot().release()
+      s._held_s = 0.9 * s._held_s + 0.1 * (time.perf_counter() - self._t0)
+
+  def cancel(self) -> None:
+    if self._state == "waiting":
+      self._state = "done"
+      self._s.waiting -= 1
 
 
 # ---- config --------------------------------------------------------------------------------------
@@ -116,13 +166,19 @@ def load_config(workdir, overrides: dict | None = None) -> ml_collections.Config
 
 # ---- batched decisions ---------------------------------------------------------------------------
 class DecisionBatcher:
-  """Collects the observations of all in-flight requests and scores them in one jitted call."""
+  """Collects the observations of all in-flight requests and scores them in one jitted call.
+
+  The policy call runs in `executor` (a worker thread) on a copy of the history sums taken on the
+  loop, so the loop keeps serving while it computes and feedback may update the sums meanwhile.
+  """
 
   def __init__(self, runner: rollout.PolicyRunner, buckets: tuple[int, ...],
                index: features_lib.RetrievalIndex | None = None,
-               history: history_lib.HistoryMemory | None = None):
+               history: history_lib.HistoryMemory | None = None,
+               executor: concurrent.futures.Executor | None = None):
     self.runner, self.buckets = runner, tuple(sorted(buckets))
     self.index, self.history = index, history
+    self.executor = executor
     self._pending: list[tuple[dict, np.ndarray, asyncio.Future]] = []
     self._wake: asyncio.Event | None = None
     self._task: asyncio.Task | None = None
@@ -137,17 +193,24 @@ class DecisionBatcher:
   def warm_up(self, obs: dict, query_emb: np.ndarray) -> None:
     """Compiles the policy for every batch size before the first request."""
     for b in self.buckets:
-      self._act([obs] * b, [query_emb] * b)
+      self._run(self.runner.decision_inputs(), self._prepare([obs] * b, [query_emb] * b))
 
-  def _act(self, obs: list[dict], q_embs: list[np.ndarray]) -> np.ndarray:
-    if self.index is not None:   # retrieval ablation: the k nearest history rows per query
-      if self.history is not None:
-        self.index.sync(self.history.rows, self.history.hubs)
-      obs = [dict(o) for o in obs]
-      for o, extra in zip(obs, self.index.fields(np.stack(q_embs))):
-        o.update(extra)
+  def _prepare(self, obs: list[dict], q_embs: list[np.ndarray]) -> list[dict]:
+    """The observations with what the loop's state adds (retrieval: the k nearest history rows
+    per query, read on the loop where the history changes)."""
+    if self.index is None:
+      return obs
+    if self.history is not None:
+      self.index.sync(self.history.rows, self.history.hubs)
+    obs = [dict(o) for o in obs]
+    for o, extra in zip(obs, self.index.fields(np.stack(q_embs))):
+      o.update(extra)
+    return obs
+
+  def _run(self, inputs: tuple, obs: list[dict]) -> np.ndarray:
+    """The policy call (any thread): the padded batch, the greedy actions of the real rows."""
     batch = features_lib.stack(obs, pad_to=self.bucket(len(obs)))
-    actions, _, _ = self.runner.act(batch, self._key, True)
+    actions, _, _ = self.runner.act_on(inputs, batch, self._key, True)
     return actions[:len(obs)]
 
   async def decide(self, obs: dict, query_emb: np.ndarray) -> tuple[int, float]:
@@ -162,6 +225,7 @@ class DecisionBatcher:
     return await fut
 
   async def _serve(self) -> None:
+    loop = asyncio.get_running_loop()
     while True:
       await self._wake.wait()
       await asyncio.sleep(0)   # requests whose LLM call finished this tick join the batch
@@ -170,12 +234,14 @@ class DecisionBatcher:
       batch, self._pending = self._pending[:take], self._pending[take:]
       if self._pending:
         self._wake.set()
-      batch = [b for b in batch if not b[2].done()]   # cancelled (timed-out) requests
+      batch = [b for b in batch if not b[2].done()]   # cancelled requests
       if not batch:
         continue
       t0 = time.perf_counter()
       try:
-        actions = self._act([b[0] for b in batch], [b[1] for b in batch])
+        obs = self._prepare([b[0] for b in batch], [b[1] for b in batch])
+        inputs = self.runner.decision_inputs()   # on the loop: a consistent copy of the sums
+        actions = await loop.run_in_executor(self.executor, self._run, inputs, obs)
       except Exception as e:   # surfaced to every waiting request, the batcher keeps serving
         for _, _, fut in batch:
           if not fut.done():
@@ -227,6 +293,8 @@ class RouterSession:
     workdir: the training run (best checkpoint, else latest).
     max_concurrency: requests whose workflows run at once (others wait for a slot); also the
       largest decision batch.
+    max_queue: requests that may wait for a slot (None: 4 x max_concurrency); one more is
+      refused at once with 429 (server_overloaded).
     memory_path: the memory file (None: the memory lives in RAM only).
     route_log: the route log file (None: in RAM only).
     default_task: task family of requests without a task hint (None: the backend's default).
@@ -234,9 +302,13 @@ class RouterSession:
   """
 
   def __init__(self, config, workdir, *, max_concurrency: int = 64, memory_path=None,
-               route_log=None, default_task: str | None = None, pool: base.LLMPool | None = None):
+               route_log=None, default_task: str | None = None, pool: base.LLMPool | None = None,
+               max_queue: int | None = None):
     if max_concurrency < 1:
       raise errors.ConfigError(f"--max_concurrency must be >= 1, got {max_concurrency}")
+    if max_queue is not None and max_queue < 0:
+      raise errors.ConfigError(f"--max_queue must be >= 0, got {max_queue}")
+    self.max_queue = 4 * max_concurrency if max_queue is None else int(max_queue)
     training.enable_compile_cache(config.get("compile_cache", ""))
     self.workdir = pathlib.Path(workdir)
     self._load_router(config, pool, default_task)
@@ -247,6 +319,8 @@ class RouterSession:
     self._slots: asyncio.Semaphore | None = None
     self._write_lock: asyncio.Lock | None = None
     self.in_flight = 0
+    self.waiting = 0               # admitted requests waiting for a workflow slot
+    self._held_s = 1.0             # running mean of how long a request holds its slot (Retry-After)
     self.counters = collections.Counter()
     if self.memfile is not None and restored is None:
       # The file exists from the start (the checkpoint's history).
@@ -314,8 +388,12 @@ class RouterSession:
     self._evicted_since_sync = 0
     self.max_concurrency = max_concurrency
     buckets = tuple(b for b in BATCH_BUCKETS if b < max_concurrency) + (max_concurrency,)
+    # One worker thread for the router's compute (policy calls, text encoding): off the event
+    # loop, one at a time (JAX uses its own threads within a call).
+    self._compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="router-compute")
     self.batcher = DecisionBatcher(self.runner, buckets, index=self._new_index(),
-                                   history=self.history if self.reads_memory else None)
+                                   history=self.history if self.reads_memory else None,
+                                   executor=self._compute)
     q = self.make_query("warm-up question", self.default_task)
     t_emb, q_emb = self.featurizer.encoder.encode([self.describe(q)[0], q.query])
     state = self.env.reset(q)
@@ -362,45 +440,101 @@ class RouterSession:
       self._slots = asyncio.Semaphore(self.max_concurrency)
     return self._slots
 
-  async def complete(self, text: str, *, task: str | None = None, rid: str | None = None,
-                     seed: int | None = None, key: str | None = None) -> Served:
-    """Runs the learned workflow on one query. Raises RequestError when it cannot be answered.
-    `key`: the name of the API key that asked (the route record's `key`; None without keys)."""
-    task = self.check_task(task)
-    rid = rid or new_id()
-    async with self._slot():
-      self.in_flight += 1
-      try:
-        return await self._complete(text, task, rid, seed, key)
-      finally:
-        self.in_flight -= 1
+  def admit(self) -> "Admission":
+    """A place for one request: a workflow slot, or one of `max_queue` places waiting for one.
 
-  async def _complete(self, text, task, rid, seed, key=None) -> Served:
+    Raises:
+      RequestError: 429 `server_overloaded` with a Retry-After header when every slot is taken
+        and max_queue requests already wait (answered at once, never after a wait).
+    """
+    if self.in_flight + self.waiting >= self.max_concurrency + self.max_queue:
+      self.counters["overloaded"] += 1
+      retry = self.retry_after_s()
+      raise RequestError(429, f"the server is at capacity ({self.in_flight} requests running, "
+                         f"{self.waiting} waiting); retry after {retry} s", "server_overloaded",
+                         headers={"Retry-After": str(retry)})
+    self.waiting += 1
+    return Admission(self)
+
+  def retry_after_s(self) -> int:
+    """Seconds until a queue place likely frees: the mean time a request holds its slot, times
+    the rounds of max_concurrency that the waiting requests take (1 to 60)."""
+    rounds = (self.waiting + 1) / self.max_concurrency
+    return int(min(60, max(1, math.ceil(self._held_s * rounds))))
+
+  async def _off_loop(self, fn, *args) -> tuple:
+    """fn(*args) in the compute thread; returns (its result, the seconds it ran there)."""
+    def timed():
+      t0 = time.perf_counter()
+      out = fn(*args)
+      return out, time.perf_counter() - t0
+    return await asyncio.get_running_loop().run_in_executor(self._compute, timed)
+
+  async def complete(self, text: str, *, task: str | None = None, rid: str | None = None,
+                     seed: int | None = None, params: base.SamplingParams | None = None,
+                     conversation: str = "", on_delta: Callable[[str], None] | None = None,
+                     admission: "Admission | None" = None,
+                     request_id: str | None = None, key: str | None = None) -> Served:
+    """Runs the learned workflow on one query. Raises RequestError when it cannot be answered.
+
+    params: sampling of the final call (the root's answering Executor); the other calls keep
+      the served config's sampling. conversation: context every call on the root node starts its
+      user message with (conversation.render). on_delta: receives the final call's text as the
+      pool streams it. admission: a place from `admit` (default: taken here; 429 when full).
+    A cancelled request (client gone, deadline) logs the backbone calls it spent and re-raises.
+    key: the name of the API key that asked (the route record's `key`; None without keys).
+    """
+    try:
+      task = self.check_task(task)
+    except RequestError:
+      if admission is not None:
+        admission.cancel()
+      raise
+    rid = rid or new_id()
+    admission = admission or self.admit()
+    async with admission:
+      return await self._complete(text, task, rid, seed, params, conversation, on_delta,
+                                  request_id, key)
+
+  async def _complete(self, text, task, rid, seed, params, conversation, on_delta,
+                      request_id, key=None) -> Served:
     t0 = time.perf_counter()
     created = time.time()
     q = self.make_query(text, task, rid)
     seed = seed if seed is not None else rollout.episode_seed("serve", rid)
     enc = self.featurizer.encoder
-    t_emb, q_emb = enc.encode([self.describe(q)[0], q.query])
+    (t_emb, q_emb), compute_s = await self._off_loop(enc.encode, [self.describe(q)[0], q.query])
     state = self.env.reset(q)
     rows = np.zeros((0, self.featurizer.spec.row_dim), np.float32)
     history_rows = len(self.history) if self.reads_memory else 0
     backbone_s = 0.0
-    compute_s = time.perf_counter() - t0   # the router's own work (features, policy share)
     decisions = 0
-    while not state.done:
-      t1 = time.perf_counter()
-      obs = self.featurizer.observe(state, t_emb, q_emb, rows, self.env.mask(state))
-      compute_s += time.perf_counter() - t1
-      action, policy_s = await self.batcher.decide(obs, q_emb)
-      compute_s += policy_s
-      decisions += 1
-      t1 = time.perf_counter()
-      res = await self.env.step(state, q, action, seed)
-      t2 = time.perf_counter()
-      backbone_s += t2 - t1
-      rows = np.concatenate([rows, self.featurizer.memory_rows([res.call], None)])
-      compute_s += time.perf_counter() - t2
+    finish = None
+    calling = False
+    try:
+      while not state.done:
+        obs, dt = await self._off_loop(self.featurizer.observe, state, t_emb, q_emb, rows,
+                                       self.env.mask(state))
+        compute_s += dt
+        action, policy_s = await self.batcher.decide(obs, q_emb)
+        compute_s += policy_s
+        decisions += 1
+        # The root's Executor ends the episode: its answer is the request's answer.
+        final = self.space.decode(action)[0].kind == "executor" and state.current == 0
+        t1 = time.perf_counter()
+        calling = True
+        res = await self.env.step(state, q, action, seed, params=params if final else None,
+                                  conversation=conversation if state.current == 0 else "",
+                                  on_delta=on_delta if final else None)
+        calling = False
+        backbone_s += time.perf_counter() - t1
+        finish = res.finish_reason if final else finish
+        new_rows, dt = await self._off_loop(self.featurizer.memory_rows, [res.call], None)
+        rows = np.concatenate([rows, new_rows])
+        compute_s += dt
+    except asyncio.CancelledError:
+      self._log_cancelled(rid, request_id, [_call_record(c) for c in state.calls], calling)
+      raise
     calls = [_call_record(c) for c in state.calls]
     total_s = time.perf_counter() - t0
     failed = [c["error"] for c in calls if c["error"]]
@@ -412,7 +546,8 @@ class RouterSession:
     record = dict(type="route", id=rid, created=created, model=ROUTER_MODEL, alpha=self.alpha,
                   key=key, task=task, query=q.query, answer=state.final_answer, calls=calls,
                   usage=_usage(calls), cost_usd=sum(c["cost_usd"] for c in calls),
-                  history_rows=history_rows,
+                  history_rows=history_rows, finish_reason=_finish(finish),
+                  request_id=request_id,
                   timing=dict(total_s=total_s, backbone_s=backbone_s,
                               router_s=max(0.0, total_s - backbone_s), compute_s=compute_s,
                               decisions=decisions))
@@ -420,26 +555,53 @@ class RouterSession:
     self.counters["served"] += 1
     return Served(state.final_answer, record)
 
+  def _log_cancelled(self, rid: str, request_id: str | None, calls: list[dict],
+                     aborted: bool) -> None:
+    """The calls a cancelled request spent: one log line and the `cancelled*` counters (its
+    route is not logged: it has no answer, and feedback on it would teach nothing true)."""
+    cost = sum(c["cost_usd"] for c in calls)
+    self.counters["cancelled"] += 1
+    self.counters["cancelled_calls"] += len(calls)
+    self.counters["cancelled_aborted_calls"] += int(aborted)
+    self.counters["cancelled_cost_usd"] += cost
+    route = ",".join(f"{c['role']}:{c['llm']}" for c in calls) or "-"
+    _log.warning("cancelled %s (x-request-id %s): %d backbone calls done, $%.6g, route %s%s",
+                 rid, request_id or "-", len(calls), cost, route,
+                 "; one call aborted in flight" if aborted else "")
+
   async def passthrough(self, model: str, messages: list[dict], params: base.SamplingParams, *,
                         task: str | None = None, rid: str | None = None,
-                        key: str | None = None) -> Served:
+                        on_delta: Callable[[str], None] | None = None,
+                        admission: "Admission | None" = None,
+                        request_id: str | None = None, key: str | None = None) -> Served:
     """One call of backbone `model`, no routing. On the simulator (which answers only the
-    workflow's role prompts) the last user message is asked as one Executor call."""
-    task = self.check_task(task)
+    workflow's role prompts) the last user message is asked as one Executor call, with the
+    other messages as its context block (conversation.render)."""
+    try:
+      task = self.check_task(task)
+    except RequestError:
+      if admission is not None:
+        admission.cancel()
+      raise
     rid = rid or new_id()
     text = last_user_text(messages)
-    async with self._slot():
-      self.in_flight += 1
+    admission = admission or self.admit()
+    async with admission:
+      t0, created = time.perf_counter(), time.time()
+      q = self.make_query(text, task, rid)
+      if self.world is not None:
+        messages = prompts.build_messages(self.executor, self.env.reset(q), self.system.mdp_cfg,
+                                          *self.describe(q),
+                                          conversation=conversation_lib.render(messages))
       try:
-        t0, created = time.perf_counter(), time.time()
-        q = self.make_query(text, task, rid)
-        if self.world is not None:
-          messages = prompts.build_messages(self.executor, self.env.reset(q), self.system.mdp_cfg,
-                                            *self.describe(q))
-        out = await self.pool.chat(model, messages, params)
-        total_s = time.perf_counter() - t0
-      finally:
-        self.in_flight -= 1
+        if on_delta is None:
+          out = await self.pool.chat(model, messages, params)
+        else:
+          out = await self.pool.chat_stream(model, messages, params, on_delta)
+      except asyncio.CancelledError:
+        self._log_cancelled(rid, request_id, [], True)
+        raise
+      total_s = time.perf_counter() - t0
     if out.error:
       self.counters["unservable"] += 1
       raise RequestError(502, f"backbone {model} failed: {out.error}", "backbone_error")
@@ -451,6 +613,7 @@ class RouterSession:
     record = dict(type="route", id=rid, created=created, model=model, alpha=None, key=key,
                   task=task, query=q.query, answer=out.text, calls=[call], usage=_usage([call]),
                   cost_usd=out.cost_usd, history_rows=None,
+                  finish_reason=_finish(out.finish_reason), request_id=request_id,
                   timing=dict(total_s=total_s, backbone_s=total_s, router_s=0.0, compute_s=0.0,
                               decisions=0))
     self.routes.append(record)
@@ -563,7 +726,8 @@ class RouterSession:
     b = self.batcher
     return dict(status="ok", model=ROUTER_MODEL, alpha=self.alpha, workdir=str(self.workdir),
                 backbones=list(self.backbones), in_flight=self.in_flight,
-                max_concurrency=self.max_concurrency, counters=dict(self.counters),
+                max_concurrency=self.max_concurrency, waiting=self.waiting,
+                max_queue=self.max_queue, counters=dict(self.counters),
                 decisions=dict(policy_calls=b.calls, decisions=b.decisions,
                                mean_batch=b.decisions / b.calls if b.calls else 0.0,
                                policy_s=b.act_s),
@@ -571,9 +735,15 @@ class RouterSession:
 
   async def aclose(self) -> None:
     await self.batcher.aclose()
+    self._compute.shutdown(wait=False)   # nothing is queued once the batcher and requests stop
     await self.flush(compact=True)
     self.routes.close()
     await self.pool.aclose()
+
+
+def _finish(reason: str | None) -> str:
+  """The OpenAI finish_reason of an answer whose final call ended with `reason`."""
+  return "length" if reason == "length" else "stop"
 
 
 def new_id() -> str:

@@ -1,5 +1,5 @@
-"""The router the serving tests serve: a workdir trained with experiments/configs/test.py, once
-per test session (shared by every module of this folder)."""
+"""Fixtures of the router server's tests: one router trained with experiments/configs/test.py,
+once per session, shared by every serving test module."""
 import pytest
 
 from experiments.configs import test as test_config
