@@ -25,18 +25,19 @@ _ALL = flags.DEFINE_bool("include_unscored", False, "Also write requests without
 
 
 def _from_server(url: str) -> list[dict]:
-  out, since = [], 0.0
+  """Every route record the server lists, paged by seq (`after`), so none is skipped."""
+  out, after = [], 0
   while True:
     try:
-      with urllib.request.urlopen(f"{url.rstrip('/')}/v1/routes?since={since!r}&limit=1000",
+      with urllib.request.urlopen(f"{url.rstrip('/')}/v1/routes?after={after}&limit=1000",
                                   timeout=30) as r:
         page = json.loads(r.read())
     except (urllib.error.URLError, OSError, json.JSONDecodeError) as e:
       raise errors.BackendError(f"cannot read {url}/v1/routes: {e}") from None
-    out += page["data"]
-    if len(page["data"]) < 1000:
+    if not page["data"]:
       return out
-    since = page["last"]
+    out += page["data"]
+    after = page["last"]
 
 
 @common.user_errors_exit_2

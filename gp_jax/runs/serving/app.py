@@ -7,7 +7,9 @@
                              task prompt family.
   POST /v1/feedback          {"id": completion id, "score": 0..1}: the request's outcome joins
                              the router's history memory
-  GET  /v1/routes?since=T    served requests created after unix time T (&limit=N)
+  GET  /v1/routes?after=SEQ  served requests with seq > SEQ, oldest first (&limit=N, at most
+                             1000): page by passing the response's `last` as the next `after`.
+                             `since=T` (created after unix time T) is kept, but not for paging
   GET  /v1/memory            the history memory: rows, capacity, rows per (role, LLM) hub
   GET  /health               liveness and counters
 
@@ -43,6 +45,7 @@ SESSION_KEY = web.AppKey("session", session_lib.RouterSession)
 DEADLINE_KEY = web.AppKey("deadline_s", float)
 MAX_BODY_KEY = web.AppKey("max_body_bytes", int)
 STREAM_PIECE_CHARS = 24     # characters of the answer per SSE chunk
+ROUTES_PAGE_MAX = 1000      # the most route records one /v1/routes page returns
 _TYPES = {400: "invalid_request_error", 404: "not_found_error", 405: "invalid_request_error",
           409: "conflict_error", 413: "invalid_request_error", 502: "backbone_error",
           503: "server_error", 504: "timeout_error"}
@@ -312,19 +315,28 @@ async def feedback(request: web.Request) -> web.Response:
 
 
 async def routes(request: web.Request) -> web.Response:
+  """A page of the route log: `after=SEQ` (records are numbered by the store as they finish, so
+  pages by seq never skip one), or `since=T` (created after unix time T: a request created
+  before T' but finished after a page was read would be skipped, so not for paging)."""
   s = request.app[SESSION_KEY]
+  q = request.query
   try:
-    since = float(request.query.get("since", "0"))
-    limit = int(request.query.get("limit", "1000"))
+    limit = min(int(q.get("limit", str(ROUTES_PAGE_MAX))), ROUTES_PAGE_MAX)
+    after = int(q.get("after", "0"))
+    since = float(q["since"]) if "since" in q else None
   except ValueError:
-    raise RequestError(400, "since must be a unix time and limit an integer",
-                       "invalid_parameter", "since") from None
-  if not math.isfinite(since) or limit < 1:
-    raise RequestError(400, "since must be a finite unix time and limit >= 1",
-                       "invalid_parameter", "since")
-  data = s.routes.since(since, limit)
+    raise RequestError(400, "after must be an integer seq, since a unix time and limit an "
+                       "integer", "invalid_parameter", "after") from None
+  if limit < 1 or after < 0 or (since is not None and not math.isfinite(since)):
+    raise RequestError(400, "limit must be >= 1, after >= 0 and since a finite unix time",
+                       "invalid_parameter", "limit")
+  if since is not None:
+    data = await asyncio.to_thread(s.routes_since, since, limit)
+    return web.json_response({"object": "list", "data": data,
+                              "last": data[-1]["created"] if data else since})
+  data = await asyncio.to_thread(s.routes_after, after, limit)
   return web.json_response({"object": "list", "data": data,
-                            "last": data[-1]["created"] if data else since})
+                            "last": data[-1]["seq"] if data else after})
 
 
 async def memory(request: web.Request) -> web.Response:
@@ -355,8 +367,12 @@ def make_app(session: session_lib.RouterSession, *, max_body_bytes: int = 1 << 2
   app.router.add_get("/v1/memory", memory)
   app.router.add_get("/health", health)
 
+  async def start(app):
+    await session.start()
+
   async def close(app):
     await session.aclose()
+  app.on_startup.append(start)
   app.on_cleanup.append(close)
   return app
 
