@@ -26,14 +26,6 @@ from gp_jax.runs.serving import store_api
 QUERY = "Which planet in the solar system has the most moons, and how many were confirmed by 2023?"
 
 
-@pytest.fixture(scope="session")
-def workdir(tmp_path_factory):
-  from gp_jax.runs import pipeline
-  wd = tmp_path_factory.mktemp("router") / "run"
-  pipeline.train_and_evaluate(test_config.get_config(), wd, evaluate=False, verbose=False)
-  return wd
-
-
 @pytest.fixture(scope="module")
 def served(workdir, tmp_path_factory):
   """The router server with a memory file; yields (RouterProcess, memory path, route log)."""
