@@ -72,8 +72,9 @@ def main(argv):
   memory = None if memory == "none" else memory
   log = _ROUTE_LOG.value or (str(pathlib.Path(memory).with_name("routes.jsonl")) if memory else "")
   log = None if log in ("", "none") else log
+  namespace = _NAMESPACE.value or pathlib.Path(_WORKDIR.value).resolve().name
   stored = store.StoreConfig(memory_path=memory, route_log=log, memory_url=_MEMORY_URL.value,
-                             namespace=_NAMESPACE.value or pathlib.Path(_WORKDIR.value).resolve().name,
+                             namespace=namespace,
                              segment_bytes=_SEGMENT.value, recover=_RECOVER.value)
   s = session.RouterSession(config, _WORKDIR.value, max_concurrency=_MAX_CONCURRENCY.value,
                             store_config=stored, max_key_share=_MAX_KEY_SHARE.value,

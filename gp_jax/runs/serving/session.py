@@ -472,7 +472,7 @@ class RouterSession:
   async def start(self) -> None:
     """Background work of a running server: on a shared store, applying other replicas'
     feedback every sync_interval_s (the bound on how stale a replica's memory is)."""
-    if getattr(self.store, "shared", False) and self._sync_task is None:
+    if getattr(self.store, "shared", True) and self._sync_task is None:
       self._sync_task = asyncio.get_running_loop().create_task(self._follow())
 
   async def _follow(self) -> None:

@@ -358,7 +358,8 @@ def _numbered_segments(path: pathlib.Path) -> list[tuple[int, pathlib.Path]]:
 
 
 def log_segments(path) -> list[pathlib.Path]:
-  """The segments of a route log, oldest first: `path`, then <stem>.2<suffix>, <stem>.3<suffix>..."""
+  """The segments of a route log, oldest first: `path`, then <stem>.2<suffix>, <stem>.3<suffix>,
+  ..."""
   return [p for _, p in _numbered_segments(pathlib.Path(path))]
 
 

@@ -12,9 +12,6 @@ import time
 import urllib.error
 import urllib.request
 
-import numpy as np
-import pytest
-
 from experiments.configs import test as test_config
 from gp_jax import paths
 from gp_jax.runs.serving import process
@@ -135,7 +132,8 @@ def test_a_flipped_journal_byte_stops_the_start_with_one_error(workdir, tmp_path
 
 def test_a_failed_fsync_is_a_503_the_id_stays_unused_and_the_retry_succeeds(
     workdir, tmp_path, monkeypatch):
-  """In process: the store's fsync fails once under a feedback."""
+  """In process: the store's fsync fails once under a feedback; while it is in flight a second
+  feedback for the same id is refused."""
   from aiohttp import test_utils
   from gp_jax.runs.serving import app as app_lib
   from gp_jax.runs.serving import session as session_lib
@@ -143,10 +141,13 @@ def test_a_failed_fsync_is_a_503_the_id_stays_unused_and_the_retry_succeeds(
                                 memory_path=tmp_path / "memory.npz",
                                 route_log=tmp_path / "routes.jsonl")
   real, fails = os.fsync, []
+  entered, release = threading.Event(), threading.Event()
 
-  def fsync(fd):
+  def fsync(fd):   # the next fsync waits for `release`, then fails
     if fails:
       fails.pop()
+      entered.set()
+      release.wait(60)
       raise OSError(5, "Input/output error")
     return real(fd)
 
@@ -159,7 +160,12 @@ def test_a_failed_fsync_is_a_503_the_id_stays_unused_and_the_retry_succeeds(
       rid = (await r.json())["id"]
       mem0 = await (await client.get("/v1/memory")).json()
       fails.append(1)
-      r = await client.post("/v1/feedback", json={"id": rid, "score": 1.0})
+      first = asyncio.ensure_future(client.post("/v1/feedback", json={"id": rid, "score": 1.0}))
+      assert await asyncio.to_thread(entered.wait, 60)   # the first one is being written
+      r = await client.post("/v1/feedback", json={"id": rid, "score": 0.0})
+      assert r.status == 409 and (await r.json())["error"]["code"] == "duplicate_feedback"
+      release.set()
+      r = await first
       body = await r.json()
       assert r.status == 503 and body["error"]["code"] == "storage_unavailable"
       assert "Input/output" not in body["error"]["message"]   # no internals

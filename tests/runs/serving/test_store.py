@@ -1,9 +1,11 @@
 """The file store and the served memory in process: journal damage vs. a torn tail, failed writes,
 the folder lock, route-log seq, torn lines and rotation, and the per-key memory share."""
 import asyncio
+import io
 import json
 import os
 import types
+import zlib
 
 import numpy as np
 import pytest
@@ -57,7 +59,8 @@ def test_feedback_is_numbered_durable_and_refused_twice(tmp_path):
 
 def test_a_second_store_on_the_same_folder_is_refused(tmp_path):
   st = _seeded(tmp_path, 0)
-  with pytest.raises(errors.ConfigError, match=f"in use by another router server .pid {os.getpid()}"):
+  with pytest.raises(errors.ConfigError, match=f"in use by another router server .pid "
+                     f"{os.getpid()}"):
     _open(tmp_path)
   st.close()
   _open(tmp_path).close()   # released on close
@@ -135,6 +138,25 @@ def test_a_failed_write_stores_nothing_and_the_retry_succeeds(tmp_path, monkeypa
   st.close()
   st = _open(tmp_path)
   assert [fb.rid for fb in st.load().feedback] == ["id1", "id2", "id3", "id4"]
+  st.close()
+
+
+def test_journals_of_the_previous_format_are_read(tmp_path):
+  st = _seeded(tmp_path, 0)
+  st.close()
+  buf = io.BytesIO()
+  np.savez(buf, rows=np.ones((2, F), np.float32), hubs=np.array([1, 2], np.int32),
+           id=np.array("old1"))
+  payload = buf.getvalue()
+  (tmp_path / "memory.npz.journal").write_bytes(
+      store._HEAD_V1.pack(b"GPJ1", 1, len(payload), zlib.crc32(payload)) + payload)
+  st = _open(tmp_path)
+  got = st.load().feedback
+  assert [(fb.seq, fb.rid, fb.key) for fb in got] == [(1, "old1", None)]
+  assert st.add_feedback(_fb(2)).seq == 2
+  st.close()
+  st = _open(tmp_path)
+  assert [fb.rid for fb in st.load().feedback] == ["old1", "id2"]
   st.close()
 
 
