@@ -331,10 +331,10 @@ async def routes(request: web.Request) -> web.Response:
     raise RequestError(400, "limit must be >= 1, after >= 0 and since a finite unix time",
                        "invalid_parameter", "limit")
   if since is not None:
-    data = await asyncio.to_thread(s.routes_since, since, limit)
+    data = await s.routes_since(since, limit)
     return web.json_response({"object": "list", "data": data,
                               "last": data[-1]["created"] if data else since})
-  data = await asyncio.to_thread(s.routes_after, after, limit)
+  data = await s.routes_after(after, limit)
   return web.json_response({"object": "list", "data": data,
                             "last": data[-1]["seq"] if data else after})
 

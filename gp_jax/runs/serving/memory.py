@@ -45,15 +45,19 @@ class ServedMemory:
     max_key_share: the fraction of the capacity one API key's served rows may hold (None or
       >= 1: no cap).
     reads_memory: whether decisions read the memory (False in the inductive mode: no sums).
+    executor: a concurrent.futures executor for the store's blocking reads (None: the loop's
+      default).
   """
 
   def __init__(self, history: history_lib.HistoryMemory, space, store, *,
-               max_key_share: float | None = None, reads_memory: bool = True):
+               max_key_share: float | None = None, reads_memory: bool = True,
+               executor=None):
     if max_key_share is not None and not 0.0 <= max_key_share <= 1.0:
       raise errors.ConfigError(f"--max_key_share must be in [0, 1], got {max_key_share}")
     self.history, self.space, self.store = history, space, store
     self.max_key_share = max_key_share
     self.reads_memory = reads_memory
+    self.executor = executor      # where the store's blocking reads run (None: the default)
     self.owners = np.full(len(history), NO_KEY, np.int32)   # key index of every row
     self.key_names: list[str] = []
     self._key_index: dict[str, int] = {}
@@ -187,7 +191,8 @@ class ServedMemory:
   async def sync(self) -> int:
     """Applies the store's feedback after `last_seq` (this server's and, on a shared store, other
     replicas'), in seq order; returns how many were new here."""
-    fbs = await asyncio.to_thread(self.store.feedback_after, self.last_seq)
+    fbs = await asyncio.get_running_loop().run_in_executor(
+        self.executor, self.store.feedback_after, self.last_seq)
     n = 0
     for fb in fbs:   # no await in this loop: a concurrent sync sees last_seq move past these
       if fb.seq > self.last_seq:

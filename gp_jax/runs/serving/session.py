@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import concurrent.futures
 import dataclasses
 import logging
 import pathlib
@@ -63,6 +64,7 @@ ROUTER_MODEL = "graphplanner"
 SERVE_OVERRIDABLE = ("backend", "endpoints_file", "request_timeout_s", "replay", "text.cache",
                      "compile_cache", "sampling.max_tokens")
 BATCH_BUCKETS = (1, 8, 64)       # padded decision batch sizes (one compilation each)
+STORE_THREADS = 16               # threads for the store's blocking calls (one feedback write each)
 DEFAULT_SIM_TASK = "mmlu"        # the broadest simulated task family (multi-subject questions)
 
 
@@ -259,10 +261,14 @@ class RouterSession:
         route_log=str(route_log) if route_log else None)
     self.store = store.open_store(cfg, row_dim=self.featurizer.spec.row_dim,
                                   num_hubs=self.space.size)
+    # The store's blocking calls run on their own threads: a slow disk or database never holds
+    # up the default executor's work, and concurrent feedback can share one write.
+    self._store_io = concurrent.futures.ThreadPoolExecutor(STORE_THREADS, "store")
     try:
       self.memory = memory_lib.ServedMemory(self.history, self.space, self.store,
                                             max_key_share=max_key_share,
-                                            reads_memory=self.reads_memory)
+                                            reads_memory=self.reads_memory,
+                                            executor=self._store_io)
       restored = self.store.load()
       self.memory.restore(restored)
       # A new base every capacity/4 feedback rows: the whole-memory rewrite costs about 4
@@ -273,6 +279,7 @@ class RouterSession:
         self.store.write_base(*self._snapshot())
     except BaseException:
       self.store.close()
+      self._store_io.shutdown()
       raise
     self._slots: asyncio.Semaphore | None = None
     self._compacting: asyncio.Task | None = None
@@ -463,9 +470,21 @@ class RouterSession:
     if self.batcher.index is not None:   # retrieval ablation: rebuilt after evictions
       self.batcher.index = self._new_index()
 
+  async def _stored(self, fn, *args):
+    """fn(*args) on the store's threads."""
+    return await asyncio.get_running_loop().run_in_executor(self._store_io, fn, *args)
+
   async def log_route(self, record: dict) -> int:
-    """Appends a served request's record to the store's route log; sets and returns its seq."""
-    seq = await asyncio.to_thread(self.store.append_route, record)
+    """Appends a served request's record to the store's route log; sets and returns its seq.
+    Raises RequestError 503 when it cannot be written (the answer is not given out unlogged:
+    its feedback would find no route)."""
+    try:
+      seq = await self._stored(self.store.append_route, record)
+    except OSError as e:
+      self.counters["route_not_stored"] += 1
+      logging.getLogger(__name__).error("route %s not logged: %s", record.get("id"), e)
+      raise RequestError(503, "the request could not be logged (retry later)",
+                         "storage_unavailable") from None
     record["seq"] = seq
     return seq
 
@@ -497,7 +516,7 @@ class RouterSession:
     if not 0.0 <= score <= 1.0:
       raise RequestError(400, f"score must be a number in [0, 1], got {score}", "invalid_score",
                          "score")
-    rec = await asyncio.to_thread(self.store.route, rid)
+    rec = await self._stored(self.store.route, rid)
     if rec is None:
       raise RequestError(404, f"no served completion with id {rid!r}", "unknown_id", "id")
     duplicate = RequestError(409, f"completion {rid!r} already has feedback",
@@ -512,7 +531,7 @@ class RouterSession:
       hubs = np.array([c["action"] for c in rec["calls"]], np.int32)
       fb = store_api.Feedback(seq=0, rid=rid, key=key, score=float(score), rows=rows, hubs=hubs)
       try:
-        fb = await asyncio.to_thread(self.store.add_feedback, fb)
+        fb = await self._stored(self.store.add_feedback, fb)
       except store_api.DuplicateFeedback:
         raise duplicate from None
       except OSError as e:   # StorageError included: nothing was stored
@@ -545,7 +564,7 @@ class RouterSession:
     snap = self._snapshot()
     folded = self.memory.rows_since_base
     try:
-      await asyncio.to_thread(self.store.write_base, *snap)
+      await self._stored(self.store.write_base, *snap)
     except OSError as e:   # the journal still holds everything: only the restart gets slower
       logging.getLogger(__name__).error("memory base not written: %s", e)
       self.counters["compaction_errors"] += 1
@@ -556,15 +575,16 @@ class RouterSession:
     return dict(self.memory.memory_info(), mode=self.mode,
                 store=getattr(self.store, "kind", type(self.store).__name__))
 
-  def routes_after(self, seq: int, limit: int) -> list[dict]:
-    return self.store.routes_after(seq, limit)
+  async def routes_after(self, seq: int, limit: int) -> list[dict]:
+    """Route records with seq > `seq`, in seq order, at most `limit`."""
+    return await self._stored(self.store.routes_after, seq, limit)
 
-  def routes_since(self, t: float, limit: int) -> list[dict]:
+  async def routes_since(self, t: float, limit: int) -> list[dict]:
     """Route records created after unix time `t` (not for paging: records are numbered when
     they finish, so a slow request can be created before one already listed)."""
     out, after = [], 0
     while len(out) < limit:
-      page = self.store.routes_after(after, 1000)
+      page = await self.routes_after(after, 1000)
       if not page:
         break
       out += [r for r in page if r["created"] > t]
@@ -579,7 +599,8 @@ class RouterSession:
                 decisions=dict(policy_calls=b.calls, decisions=b.decisions,
                                mean_batch=b.decisions / b.calls if b.calls else 0.0,
                                policy_s=b.act_s),
-                memory=dict((k, v) for k, v in self.memory_info().items() if k != "per_hub"))
+                memory=dict((k, v) for k, v in self.memory_info().items()
+                            if k not in ("per_hub", "per_key")))
 
   async def aclose(self) -> None:
     await self.batcher.aclose()
@@ -596,6 +617,7 @@ class RouterSession:
         await self.compact()
     finally:
       self.store.close()
+      self._store_io.shutdown()
       await self.pool.aclose()
 
 

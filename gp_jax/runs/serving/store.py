@@ -563,6 +563,10 @@ class FileStore:
       raise
     self.recover = recover
     self._mu = threading.Lock()
+    self._cond = threading.Condition(self._mu)
+    self._queue: list[_Pending] = []      # feedback waiting for the next write
+    self._queued_ids: set[str] = set()
+    self._writing = False
     self._seq = 0
     self._ids: collections.OrderedDict[str, None] = collections.OrderedDict()
     self._unread: list[Feedback] = []
@@ -602,30 +606,73 @@ class FileStore:
       self.memfile.write_base(rows, hubs, header, seq)
 
   def add_feedback(self, fb: Feedback) -> Feedback:
-    with self._mu:
+    """Group commit: feedback from concurrent callers that arrives while a write is under way is
+    written together by the next write (one append, one fsync); each caller returns once its
+    own record is durable, or raises (then nothing of its group is stored)."""
+    with self._cond:
       if self._broken:
         raise errors.StorageError(self._broken)
-      if fb.rid in self._ids:
+      if fb.rid in self._ids or fb.rid in self._queued_ids:
         raise store_api.DuplicateFeedback(f"completion {fb.rid!r} already has feedback")
-      fb = dataclasses.replace(fb, seq=self._seq + 1)
-      if self.memfile is not None:
+      slot = _Pending(fb)
+      self._queue.append(slot)
+      self._queued_ids.add(fb.rid)
+      while not slot.done:
+        if self._writing:
+          self._cond.wait()
+          continue
+        batch, self._queue = self._queue, []
+        first_seq = self._seq + 1
+        self._writing = True   # this caller writes; later arrivals queue for the next write
+        self._cond.release()
         try:
-          self.memfile.append([fb])
-        except JournalBroken as e:
-          self._broken = str(e)
-          raise
-        except OSError as e:
-          raise errors.StorageError(f"{self.memfile.journal_path}: cannot write the feedback "
-                                    f"({files.describe_os_error(e)}); it was not stored") from None
-      self._seq = fb.seq
-      self._remember_ids([fb.rid])
-      self._unread.append(fb)
+          error = self._write([p.fb for p in batch], first_seq)
+        except BaseException as e:   # every caller of the batch must hear how it ended
+          error = e
+        finally:
+          self._cond.acquire()
+          self._writing = False
+        self._finish(batch, error)
+        self._cond.notify_all()
+      if slot.error is not None:
+        raise slot.error
+      fb = slot.fb
     try:   # durable now; the route log's feedback line is for exports only
       self.routes.append(dict(type="feedback", id=fb.rid, score=float(fb.score),
                               created=time.time(), key=fb.key))
     except OSError as e:
       _log.error("route log: feedback %s not logged (%s); the memory holds it", fb.rid, e)
     return fb
+
+  def _write(self, fbs: list[Feedback], first_seq: int) -> Exception | None:
+    """Appends a batch numbered from first_seq (called without the lock; one writer at a time).
+    Returns the error instead of raising it."""
+    if self.memfile is None:
+      return None
+    numbered = [dataclasses.replace(fb, seq=first_seq + i) for i, fb in enumerate(fbs)]
+    try:
+      self.memfile.append(numbered)
+    except JournalBroken as e:
+      return e
+    except OSError as e:
+      return errors.StorageError(f"{self.memfile.journal_path}: cannot write the feedback "
+                                 f"({files.describe_os_error(e)}); it was not stored")
+    return None
+
+  def _finish(self, batch: list["_Pending"], error: Exception | None) -> None:
+    """Under the lock: the batch's outcome, for its callers and the store's state."""
+    if isinstance(error, JournalBroken):
+      self._broken = str(error)
+    for p in batch:
+      self._queued_ids.discard(p.fb.rid)
+      if error is None:
+        self._seq += 1
+        p.fb = dataclasses.replace(p.fb, seq=self._seq)
+        self._remember_ids([p.fb.rid])
+        self._unread.append(p.fb)
+      else:
+        p.error = error
+      p.done = True
 
   def feedback_after(self, seq: int) -> list[Feedback]:
     """This process's own feedback with seq > `seq`; what the caller has read (seq <= `seq`) is
@@ -654,6 +701,14 @@ class FileStore:
     for fd in self._locks:
       os.close(fd)   # releases the flock
     self._locks = []
+
+
+@dataclasses.dataclass
+class _Pending:
+  """One caller's feedback in the group-commit queue."""
+  fb: Feedback
+  done: bool = False
+  error: Exception | None = None
 
 
 def open_store(cfg: StoreConfig, *, row_dim: int, num_hubs: int):

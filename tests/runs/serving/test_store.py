@@ -4,6 +4,8 @@ import asyncio
 import io
 import json
 import os
+import threading
+import time
 import types
 import zlib
 
@@ -157,6 +159,53 @@ def test_journals_of_the_previous_format_are_read(tmp_path):
   st.close()
   st = _open(tmp_path)
   assert [fb.rid for fb in st.load().feedback] == ["old1", "id2"]
+  st.close()
+
+
+def test_concurrent_feedback_shares_writes_and_a_failed_write_fails_only_its_group(
+    tmp_path, monkeypatch):
+  st = _seeded(tmp_path, 0)
+  real, calls, fail = os.fsync, [], threading.Event()
+
+  def fsync(fd):   # a slow disk: feedback arriving meanwhile queues for the next write
+    calls.append(fd)
+    time.sleep(0.02)
+    if fail.is_set():
+      fail.clear()
+      raise OSError(28, "No space left on device")
+    return real(fd)
+
+  monkeypatch.setattr(os, "fsync", fsync)
+
+  def add_all(ids):
+    out = {}
+
+    def one(i):
+      try:
+        out[i] = st.add_feedback(_fb(i)).seq
+      except errors.StorageError as e:
+        out[i] = e
+    threads = [threading.Thread(target=one, args=(i,)) for i in ids]
+    for t in threads:
+      t.start()
+    for t in threads:
+      t.join()
+    return out
+
+  got = add_all(range(1, 17))
+  assert sorted(got.values()) == list(range(1, 17))
+  assert len(calls) < 16   # fewer fsyncs than feedback: writes were shared
+  fail.set()
+  got = add_all(range(17, 33))
+  failed = [i for i, v in got.items() if isinstance(v, Exception)]
+  stored = sorted(v for v in got.values() if not isinstance(v, Exception))
+  assert failed and stored == list(range(17, 17 + len(stored)))   # no gap in seq
+  assert not any(st.has_feedback(f"id{i}") for i in failed)
+  monkeypatch.setattr(os, "fsync", real)
+  st.close()
+  st = _open(tmp_path)
+  assert sorted(int(fb.rid[2:]) for fb in st.load().feedback) == sorted(
+      set(range(1, 33)) - set(failed))
   st.close()
 
 
