@@ -539,7 +539,11 @@ class RouterSession:
         logging.getLogger(__name__).error("feedback %s not stored: %s", rid, e)
         raise RequestError(503, "the feedback could not be stored (nothing was recorded; "
                            "retry later)", "storage_unavailable") from None
-      await self.memory.sync()   # applies it (and anything before it) in the store's order
+      try:   # applies it (and anything before it) in the store's order
+        await self.memory.sync()
+      except Exception:   # stored (acknowledged below); the next sync applies it
+        self.counters["sync_errors"] += 1
+        logging.getLogger(__name__).exception("memory sync failed after feedback %s", rid)
     finally:
       self._claimed.discard(rid)
     self.counters["feedback"] += 1
