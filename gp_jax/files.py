@@ -44,16 +44,16 @@ def write_atomic(path: str | os.PathLike, text: str | bytes, what: str, *,
   """
   path = pathlib.Path(path)
   tmp = path.with_name(path.name + ".tmp")
-  data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
   with storage_errors(path, what):
     if parents:
       path.parent.mkdir(parents=True, exist_ok=True)
     try:
-      with open(tmp, "wb") as f:
-        f.write(data)
-        if durable:
-          f.flush()
-          os.fsync(f.fileno())
+      if isinstance(text, str):
+        tmp.write_text(text, encoding="utf-8")
+      else:
+        tmp.write_bytes(text)
+      if durable:
+        fsync_file(tmp)
       os.replace(tmp, path)
     except BaseException:
       with contextlib.suppress(OSError):
@@ -64,13 +64,18 @@ def write_atomic(path: str | os.PathLike, text: str | bytes, what: str, *,
   return path
 
 
-def fsync_folder(path: str | os.PathLike) -> None:
-  """Makes the folder's entries (a rename, a new file) durable."""
+def fsync_file(path: str | os.PathLike) -> None:
+  """Makes a written file's contents durable."""
   fd = os.open(path, os.O_RDONLY)
   try:
     os.fsync(fd)
   finally:
     os.close(fd)
+
+
+def fsync_folder(path: str | os.PathLike) -> None:
+  """Makes the folder's entries (a rename, a new file) durable."""
+  fsync_file(path)
 
 
 def write_json(path: str | os.PathLike, obj: Any, what: str, *, parents: bool = True,
