@@ -480,11 +480,6 @@ class RouteLog:
         out.append(rec)
     return [dict(r, feedback=scores[r["id"]]) if r["id"] in scores else r for r in out]
 
-  def since(self, t: float, limit: int) -> list[dict]:
-    """Records in RAM created strictly after unix time `t`, in log order, at most `limit`."""
-    with self._mu:
-      return [r for r in self.records.values() if r["created"] > t][:limit]
-
   def close(self) -> None:
     with self._mu:
       if self._file is not None:
