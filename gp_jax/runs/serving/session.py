@@ -516,7 +516,7 @@ class RouterSession:
     if not 0.0 <= score <= 1.0:
       raise RequestError(400, f"score must be a number in [0, 1], got {score}", "invalid_score",
                          "score")
-    rec = await self._stored(self.store.route, rid)
+    rec = await self.route(rid)
     if rec is None:
       raise RequestError(404, f"no served completion with id {rid!r}", "unknown_id", "id")
     duplicate = RequestError(409, f"completion {rid!r} already has feedback",
@@ -578,6 +578,11 @@ class RouterSession:
   def memory_info(self) -> dict:
     return dict(self.memory.memory_info(), mode=self.mode,
                 store=getattr(self.store, "kind", type(self.store).__name__))
+
+  async def route(self, rid: str) -> dict | None:
+    """The route record of completion `rid` (with its `seq`, and `key` when the HTTP layer set
+    one); None when unknown."""
+    return await self._stored(self.store.route, rid)
 
   async def routes_after(self, seq: int, limit: int) -> list[dict]:
     """Route records with seq > `seq`, in seq order, at most `limit`."""
