@@ -30,11 +30,12 @@ API_KEY_ENV = "GP_JAX_API_KEY"
 
 
 def _from_server(url: str) -> list[dict]:
-  out, since = [], 0.0
+  """Every route record the server lists, paged by seq (`after`), so none is skipped."""
+  out, after = [], 0
   key = os.environ.get(API_KEY_ENV, "")
   headers = {"Authorization": f"Bearer {key}"} if key else {}
   while True:
-    req = urllib.request.Request(f"{url.rstrip('/')}/v1/routes?since={since!r}&limit=1000",
+    req = urllib.request.Request(f"{url.rstrip('/')}/v1/routes?after={after}&limit=1000",
                                  headers=headers)
     try:
       with urllib.request.urlopen(req, timeout=30) as r:
@@ -47,10 +48,10 @@ def _from_server(url: str) -> list[dict]:
       raise errors.BackendError(f"cannot read {url}/v1/routes: {e}") from None
     except (urllib.error.URLError, OSError, json.JSONDecodeError) as e:
       raise errors.BackendError(f"cannot read {url}/v1/routes: {e}") from None
-    out += page["data"]
-    if len(page["data"]) < 1000:
+    if not page["data"]:
       return out
-    since = page["last"]
+    out += page["data"]
+    after = page["last"]
 
 
 @common.user_errors_exit_2

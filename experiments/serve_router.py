@@ -2,6 +2,8 @@
 
   python -m experiments.serve_router --workdir=runs/alpha0.5 --port=8080 \
       --memory_path=runs/alpha0.5/served/memory.npz
+  python -m experiments.serve_router --workdir=runs/alpha0.5 --port=8080 \
+      --memory_url=postgresql://router@db/gp_jax      # replicas sharing one memory
 
 The workdir's recorded config and best checkpoint define the router; --config.* may change only
 where the backbones are (--config.backend=endpoints --config.endpoints_file=...), timeouts, caches
@@ -20,6 +22,7 @@ from gp_jax.runs.serving import app
 from gp_jax.runs.serving import auth
 from gp_jax.runs.serving import ratelimit
 from gp_jax.runs.serving import session
+from gp_jax.runs.serving import store
 
 _CONFIG = common.define_config("experiments/configs/default.py",
                                "Only --config.* overrides are read (the workdir's config.json is "
@@ -30,12 +33,34 @@ _PORT = flags.DEFINE_integer("port", 8080, "Port (0: a free one, printed at star
 _MAX_CONCURRENCY = flags.DEFINE_integer("max_concurrency", 64,
                                         "Requests whose workflows run at once; more wait.")
 _MEMORY_PATH = flags.DEFINE_string("memory_path", "",
-                                   "History memory file, restored at start and rewritten "
-                                   "atomically on every feedback ('' = <workdir>/served/memory.npz; "
-                                   "'none' = RAM only).")
+                                   "History memory file (base + .journal), restored at start; "
+                                   "feedback is journaled and fsynced before it is acknowledged "
+                                   "('' = <workdir>/served/memory.npz; 'none' = RAM only). Its "
+                                   "folder is locked: one server per memory.")
 _ROUTE_LOG = flags.DEFINE_string("route_log", "",
                                  "Route log (JSONL) of served requests and feedback ('' = "
                                  "routes.jsonl next to the memory file; 'none' = RAM only).")
+_SEGMENT = flags.DEFINE_integer("route_log_segment_bytes", 256 << 20,
+                                "The route log rolls over to a new segment (routes.2.jsonl, ...) "
+                                "before one would grow past this many bytes.")
+_MEMORY_URL = flags.DEFINE_string("memory_url", "",
+                                  "postgresql://... : memory, feedback ids and route log in "
+                                  "PostgreSQL, shared by replicas ('' = the file store at "
+                                  "--memory_path).")
+_NAMESPACE = flags.DEFINE_string("memory_namespace", "",
+                                 "Name under which replicas of one router share PostgreSQL rows "
+                                 "('' = the workdir's folder name).")
+_SYNC = flags.DEFINE_float("sync_interval_s", 1.0,
+                           "How often a replica applies feedback other replicas added (the bound "
+                           "on how late it reaches this replica's decisions).")
+_MAX_KEY_SHARE = flags.DEFINE_float("max_key_share", 0.25,
+                                    "Fraction of the memory capacity one API key's served rows "
+                                    "may hold (its own oldest go first); training rows and "
+                                    "feedback without keys are not capped.")
+_RECOVER = flags.DEFINE_bool("memory_recover", False,
+                             "Start past a damaged memory journal record: the journal is kept "
+                             "as <journal>.damaged-<time> and the memory starts from the base "
+                             "and the records before the damage (docs/serving.md).")
 _DEFAULT_TASK = flags.DEFINE_string("default_task", "",
                                     "Task family of requests without metadata.task ('' = mmlu "
                                     "on the simulator, the first training task otherwise).")
@@ -78,9 +103,13 @@ def main(argv):
   memory = None if memory == "none" else memory
   log = _ROUTE_LOG.value or (str(pathlib.Path(memory).with_name("routes.jsonl")) if memory else "")
   log = None if log in ("", "none") else log
+  namespace = _NAMESPACE.value or pathlib.Path(_WORKDIR.value).resolve().name
+  stored = store.StoreConfig(memory_path=memory, route_log=log, memory_url=_MEMORY_URL.value,
+                             namespace=namespace,
+                             segment_bytes=_SEGMENT.value, recover=_RECOVER.value)
   s = session.RouterSession(config, _WORKDIR.value, max_concurrency=_MAX_CONCURRENCY.value,
-                            memory_path=memory, route_log=log,
-                            default_task=_DEFAULT_TASK.value or None,
+                            store_config=stored, max_key_share=_MAX_KEY_SHARE.value,
+                            sync_interval_s=_SYNC.value, default_task=_DEFAULT_TASK.value or None,
                             max_queue=_MAX_QUEUE.value)
   app.serve(s, host=_HOST.value, port=_PORT.value, max_body_bytes=_MAX_BODY.value,
             deadline_s=_DEADLINE.value, keys=keys, allowed_hosts=tuple(_ALLOWED_HOSTS.value),

@@ -33,9 +33,11 @@ def storage_errors(path, what: str):
     raise errors.StorageError(f"{path}: cannot write {what} ({describe_os_error(e)})") from None
 
 
-def write_atomic(path: str | os.PathLike, text: str, what: str, *,
-                 parents: bool = False) -> pathlib.Path:
-  """Replaces `path` with `text` (UTF-8) in one rename; parents: create missing folders first.
+def write_atomic(path: str | os.PathLike, text: str | bytes, what: str, *,
+                 parents: bool = False, durable: bool = False) -> pathlib.Path:
+  """Replaces `path` with `text` (UTF-8; bytes as they are) in one rename; parents: create
+  missing folders first. durable: the new contents survive a power loss once this returns (the
+  temporary file is fsynced before the rename and the folder after it).
 
   Raises:
     StorageError: the file cannot be written; `path` keeps its previous contents.
@@ -46,13 +48,34 @@ def write_atomic(path: str | os.PathLike, text: str, what: str, *,
     if parents:
       path.parent.mkdir(parents=True, exist_ok=True)
     try:
-      tmp.write_text(text)
+      if isinstance(text, str):
+        tmp.write_text(text, encoding="utf-8")
+      else:
+        tmp.write_bytes(text)
+      if durable:
+        fsync_file(tmp)
       os.replace(tmp, path)
     except BaseException:
       with contextlib.suppress(OSError):
         tmp.unlink()
       raise
+    if durable:
+      fsync_folder(path.parent)
   return path
+
+
+def fsync_file(path: str | os.PathLike) -> None:
+  """Makes a written file's contents durable."""
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def fsync_folder(path: str | os.PathLike) -> None:
+  """Makes the folder's entries (a rename, a new file) durable."""
+  fsync_file(path)
 
 
 def write_json(path: str | os.PathLike, obj: Any, what: str, *, parents: bool = True,

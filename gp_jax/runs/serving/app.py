@@ -11,7 +11,9 @@
                              call, seed every call; fields the server cannot honour get 400.
   POST /v1/feedback          {"id": completion id, "score": 0..1}: the request's outcome joins
                              the router's history memory
-  GET  /v1/routes?since=T    served requests created after unix time T (&limit=N)
+  GET  /v1/routes?after=SEQ  served requests with seq > SEQ, oldest first (&limit=N, at most
+                             1000): page by passing the response's `last` as the next `after`.
+                             `since=T` (created after unix time T) is kept, but not for paging
   GET  /v1/memory            the history memory: rows, capacity, rows per (role, LLM) hub
   GET  /health               liveness and counters
   GET  /metrics              Prometheus text format (metrics.py)
@@ -601,7 +603,7 @@ async def feedback(request: web.Request) -> web.Response:
     raise RequestError(400, f"score must be a number in [0, 1], got {score!r}", "invalid_score",
                        "score")
   who = request.get(PRINCIPAL) or auth.ANONYMOUS
-  rec = s.routes.get(rid)
+  rec = await s.route(rid)
   if rec is not None and not auth.may_feedback(who, rec):
     # Exactly the unknown-id answer: a client cannot tell another key's id from a made-up one.
     raise RequestError(404, f"no served completion with id {rid!r}", "unknown_id", "id")
@@ -610,19 +612,28 @@ async def feedback(request: web.Request) -> web.Response:
 
 
 async def routes(request: web.Request) -> web.Response:
+  """A page of the route log: `after=SEQ` (records are numbered by the store as they finish, so
+  pages by seq never skip one), or `since=T` (created after unix time T: a request created
+  before T' but finished after a page was read would be skipped, so not for paging)."""
   s = request.app[SESSION_KEY]
+  q = request.query
   try:
-    since = float(request.query.get("since", "0"))
-    limit = int(request.query.get("limit", "1000"))
+    limit = min(int(q.get("limit", str(MAX_ROUTES_PAGE))), MAX_ROUTES_PAGE)
+    after = int(q.get("after", "0"))
+    since = float(q["since"]) if "since" in q else None
   except ValueError:
-    raise RequestError(400, "since must be a unix time and limit an integer",
-                       "invalid_parameter", "since") from None
-  if not math.isfinite(since) or limit < 1:
-    raise RequestError(400, "since must be a finite unix time and limit >= 1",
-                       "invalid_parameter", "since")
-  data = s.routes.since(since, min(limit, MAX_ROUTES_PAGE))
+    raise RequestError(400, "after must be an integer seq, since a unix time and limit an "
+                       "integer", "invalid_parameter", "after") from None
+  if limit < 1 or after < 0 or (since is not None and not math.isfinite(since)):
+    raise RequestError(400, "limit must be >= 1, after >= 0 and since a finite unix time",
+                       "invalid_parameter", "limit")
+  if since is not None:
+    data = await s.routes_since(since, limit)
+    return web.json_response({"object": "list", "data": data,
+                              "last": data[-1]["created"] if data else since})
+  data = await s.routes_after(after, limit)
   return web.json_response({"object": "list", "data": data,
-                            "last": data[-1]["created"] if data else since})
+                            "last": data[-1]["seq"] if data else after})
 
 
 async def memory(request: web.Request) -> web.Response:
@@ -679,8 +690,12 @@ def make_app(session: session_lib.RouterSession, *, max_body_bytes: int = 1 << 2
   app.router.add_get("/health", health)
   app.router.add_get("/metrics", prometheus)
 
+  async def start(app):
+    await session.start()
+
   async def close(app):
     await session.aclose()
+  app.on_startup.append(start)
   app.on_cleanup.append(close)
   return app
 

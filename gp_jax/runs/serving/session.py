@@ -19,12 +19,14 @@ loop; the final call (the root's Executor) takes the request's sampling and may 
 text; the conversation's other messages reach the calls on the root node as context.
 
 Memory: decisions read the history memory (per-hub sums in the transductive mode). A served
-request joins it when its outcome is known: `feedback(id, score)` turns the request's calls into
+Memory: decisions read the history memory (serving/memory.ServedMemory). A served request joins
+it when its outcome is known: `feedback(id, score, key=...)` turns the request's calls into
 history rows with utility = score (as a training episode's calls join with their utility), the
-oldest rows beyond history_capacity are evicted, and the rows are appended to the memory file's
-journal and fsynced before the feedback is acknowledged (serving/store.MemoryFile: base snapshot
-replaced atomically + journal). Later decisions read the new rows. The memory starts from the
-checkpoint's history (the training episodes) or, when the memory file exists, from that file.
+store (serving/store_api.ServedStore: files, or PostgreSQL for replicas) makes them durable, and
+only then does the memory apply them (evicting the oldest rows beyond history_capacity, and a
+key's own oldest rows beyond its share). Later decisions read the new rows. The memory starts
+from the checkpoint's history (the training episodes) or, when the store holds one, from the
+store; a shared store's feedback from other replicas is applied every `sync_interval_s`.
 
 The library part takes explicit arguments; `load_config` is the one place that reads a recorded
 config (and refuses command-line overrides of fields that changed what was trained).
@@ -56,7 +58,9 @@ from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
 from gp_jax.runs.serving import conversation as conversation_lib
+from gp_jax.runs.serving import memory as memory_lib
 from gp_jax.runs.serving import store
+from gp_jax.runs.serving import store_api
 from gp_jax.sim import simulator as sim
 from gp_jax.types import Query
 from gp_jax.workflow import env as env_lib
@@ -71,6 +75,7 @@ ROUTER_MODEL = "graphplanner"
 SERVE_OVERRIDABLE = ("backend", "endpoints_file", "request_timeout_s", "replay", "text.cache",
                      "compile_cache", "sampling.max_tokens")
 BATCH_BUCKETS = (1, 8, 64)       # padded decision batch sizes (one compilation each)
+STORE_THREADS = 16               # threads for the store's blocking calls (one feedback write each)
 DEFAULT_SIM_TASK = "mmlu"        # the broadest simulated task family (multi-subject questions)
 
 
@@ -297,34 +302,64 @@ class RouterSession:
       refused at once with 429 (server_overloaded).
     memory_path: the memory file (None: the memory lives in RAM only).
     route_log: the route log file (None: in RAM only).
+    store_config: where the state is kept (serving/store.StoreConfig; overrides memory_path and
+      route_log).
+    max_key_share: the fraction of the memory one API key's served rows may hold.
+    sync_interval_s: how often feedback other replicas added is applied (shared stores).
     default_task: task family of requests without a task hint (None: the backend's default).
     pool: an LLM pool to use instead of the configured backend (tests).
   """
 
   def __init__(self, config, workdir, *, max_concurrency: int = 64, memory_path=None,
-               route_log=None, default_task: str | None = None, pool: base.LLMPool | None = None,
+               route_log=None, store_config: store.StoreConfig | None = None,
+               max_key_share: float | None = 0.25, sync_interval_s: float = 1.0,
+               default_task: str | None = None, pool: base.LLMPool | None = None,
                max_queue: int | None = None):
     if max_concurrency < 1:
       raise errors.ConfigError(f"--max_concurrency must be >= 1, got {max_concurrency}")
+    if not sync_interval_s > 0:
+      raise errors.ConfigError(f"--sync_interval_s must be > 0, got {sync_interval_s}")
     if max_queue is not None and max_queue < 0:
       raise errors.ConfigError(f"--max_queue must be >= 0, got {max_queue}")
     self.max_queue = 4 * max_concurrency if max_queue is None else int(max_queue)
     training.enable_compile_cache(config.get("compile_cache", ""))
     self.workdir = pathlib.Path(workdir)
+    self.sync_interval_s = float(sync_interval_s)
     self._load_router(config, pool, default_task)
-    restored = self._open_memory(memory_path)
     self.reads_memory = self.mode != "inductive"
-    self.routes = store.RouteLog(route_log)
-    self._start_policy(max_concurrency)
+    cfg = store_config or store.StoreConfig(
+        memory_path=str(memory_path) if memory_path else None,
+        route_log=str(route_log) if route_log else None)
+    self.store = store.open_store(cfg, row_dim=self.featurizer.spec.row_dim,
+                                  num_hubs=self.space.size)
+    # The store's blocking calls run on their own threads: a slow disk or database never holds
+    # up the default executor's work, and concurrent feedback can share one write.
+    self._store_io = concurrent.futures.ThreadPoolExecutor(STORE_THREADS, "store")
+    try:
+      self.memory = memory_lib.ServedMemory(self.history, self.space, self.store,
+                                            max_key_share=max_key_share,
+                                            reads_memory=self.reads_memory,
+                                            executor=self._store_io)
+      restored = self.store.load()
+      self.memory.restore(restored)
+      # A new base every capacity/4 feedback rows: the whole-memory rewrite costs about 4
+      # appended rows' bytes per appended row, and a restart replays at most a quarter of it.
+      self.compact_rows = max(4096, self.history.capacity // 4)
+      self._start_policy(max_concurrency)
+      if restored is None:   # the store holds the memory from the start (the checkpoint's)
+        self.store.write_base(*self._snapshot())
+    except BaseException:
+      self.store.close()
+      self._store_io.shutdown()
+      raise
     self._slots: asyncio.Semaphore | None = None
-    self._write_lock: asyncio.Lock | None = None
+    self._compacting: asyncio.Task | None = None
+    self._sync_task: asyncio.Task | None = None
+    self._claimed: set[str] = set()   # ids whose feedback is being written
     self.in_flight = 0
     self.waiting = 0               # admitted requests waiting for a workflow slot
     self._held_s = 1.0             # running mean of how long a request holds its slot (Retry-After)
     self.counters = collections.Counter()
-    if self.memfile is not None and restored is None:
-      # The file exists from the start (the checkpoint's history).
-      self.memfile.write_base(*self._snapshot(), seq=0)
 
   def _load_router(self, config, pool: base.LLMPool | None, default_task: str | None) -> None:
     """The system of the recorded config, the trained router of self.workdir, the task
@@ -350,42 +385,11 @@ class RouterSession:
     executors = system.space.roles.indices_of_kind("executor")
     self.executor = system.space.roles.roles[executors[0]]
 
-  def _open_memory(self, memory_path) -> tuple | None:
-    """Memory: the file when it exists, else the checkpoint's history (training episodes).
-    Returns what the file held (None: no file yet, or memory in RAM only)."""
-    self.memory_path = pathlib.Path(memory_path) if memory_path else None
-    # A new base every capacity/4 journal rows: the whole-memory rewrite costs about 4 appended
-    # rows' bytes per appended row, and a restart replays at most a quarter of the capacity.
-    self.memfile = (store.MemoryFile(self.memory_path, row_dim=self.featurizer.spec.row_dim,
-                                     num_hubs=self.space.size,
-                                     compact_rows=max(4096, self.history.capacity // 4))
-                    if self.memory_path is not None else None)
-    self.feedback_ids: collections.OrderedDict[str, None] = collections.OrderedDict()
-    self.served_rows = 0
-    self._seq = 0                  # feedback records so far (journal sequence number)
-    self._pending: list = []       # feedback records not yet on disk
-    restored = self.memfile.load() if self.memfile is not None else None
-    if restored is not None:
-      rows, hubs, header, records = restored
-      self.history.load_state_dict({"rows": rows, "hubs": hubs})
-      self.feedback_ids.update((i, None) for i in header.get("feedback_ids", []))
-      self.served_rows = int(header.get("served_rows", 0))
-      self._seq = int(header.get("seq", 0))
-      for seq, r, h, rid in records:   # acknowledged feedback since the base, in order
-        self.history.add(r, h)
-        self.feedback_ids[rid] = None
-        self.served_rows += len(r)
-        self._seq = seq
-      self.history.evict()
-    self.memory_restored = restored is not None
-    return restored
-
   def _start_policy(self, max_concurrency: int) -> None:
     """The batched policy over the memory, compiled by one warm-up decision."""
     self.runner = rollout.PolicyRunner(self.model, self.featurizer.hub_features,
                                        max(BATCH_BUCKETS), featurizer=self.featurizer)
     self.runner.set_params(self.params, self.history if self.reads_memory else None)
-    self._evicted_since_sync = 0
     self.max_concurrency = max_concurrency
     buckets = tuple(b for b in BATCH_BUCKETS if b < max_concurrency) + (max_concurrency,)
     # One worker thread for the router's compute (policy calls, text encoding): off the event
@@ -394,6 +398,7 @@ class RouterSession:
     self.batcher = DecisionBatcher(self.runner, buckets, index=self._new_index(),
                                    history=self.history if self.reads_memory else None,
                                    executor=self._compute)
+    self.memory.attach(self.runner, self.params, on_evict=self._reset_index)
     q = self.make_query("warm-up question", self.default_task)
     t_emb, q_emb = self.featurizer.encoder.encode([self.describe(q)[0], q.query])
     state = self.env.reset(q)
@@ -551,7 +556,7 @@ class RouterSession:
                   timing=dict(total_s=total_s, backbone_s=backbone_s,
                               router_s=max(0.0, total_s - backbone_s), compute_s=compute_s,
                               decisions=decisions))
-    self.routes.append(record)
+    await self.log_route(record)
     self.counters["served"] += 1
     return Served(state.final_answer, record)
 
@@ -616,7 +621,7 @@ class RouterSession:
                   finish_reason=_finish(out.finish_reason), request_id=request_id,
                   timing=dict(total_s=total_s, backbone_s=total_s, router_s=0.0, compute_s=0.0,
                               decisions=0))
-    self.routes.append(record)
+    await self.log_route(record)
     self.counters["passthrough"] += 1
     return Served(out.text, record)
 
@@ -625,102 +630,139 @@ class RouterSession:
     k = self.runner.retrieval_k
     return features_lib.RetrievalIndex(self.featurizer, k) if k else None
 
+  def _reset_index(self) -> None:
+    if self.batcher.index is not None:   # retrieval ablation: rebuilt after evictions
+      self.batcher.index = self._new_index()
+
+  async def _stored(self, fn, *args):
+    """fn(*args) on the store's threads."""
+    return await asyncio.get_running_loop().run_in_executor(self._store_io, fn, *args)
+
+  async def log_route(self, record: dict) -> int:
+    """Appends a served request's record to the store's route log; sets and returns its seq.
+    Raises RequestError 503 when it cannot be written (the answer is not given out unlogged:
+    its feedback would find no route)."""
+    try:
+      seq = await self._stored(self.store.append_route, record)
+    except OSError as e:
+      self.counters["route_not_stored"] += 1
+      logging.getLogger(__name__).error("route %s not logged: %s", record.get("id"), e)
+      raise RequestError(503, "the request could not be logged (retry later)",
+                         "storage_unavailable") from None
+    record["seq"] = seq
+    return seq
+
+  async def start(self) -> None:
+    """Background work of a running server: on a shared store, applying other replicas'
+    feedback every sync_interval_s (the bound on how stale a replica's memory is)."""
+    if getattr(self.store, "shared", True) and self._sync_task is None:
+      self._sync_task = asyncio.get_running_loop().create_task(self._follow())
+
+  async def _follow(self) -> None:
+    while True:
+      await asyncio.sleep(self.sync_interval_s)
+      try:
+        self.counters["synced_feedback"] += await self.memory.sync()
+      except Exception:   # a store outage: keep serving the memory as it is, try again
+        self.counters["sync_errors"] += 1
+        logging.getLogger(__name__).exception("memory sync failed")
+      self._maybe_compact()
+
   async def feedback(self, rid: str, score: float, *, key: str | None = None) -> dict:
-    """Adds a served request's calls to the history memory with utility `score` and persists it.
-    `key`: the name of the API key that sent it (recorded with it; who may send feedback on
-    which completion is the HTTP layer's check, auth.may_feedback).
+    """Adds a served request's calls to the history memory with utility `score`, once the store
+    holds them durably. `key`: the name of the API key that sent it (None without keys).
 
     Raises:
-      RequestError: unknown id (404), feedback already given (409), score outside [0, 1] (400).
+      RequestError: unknown id (404), feedback already given or being written (409), score
+        outside [0, 1] (400), the store could not write it (503: nothing stored, the id stays
+        unused, a retry may succeed).
     """
     if not 0.0 <= score <= 1.0:
       raise RequestError(400, f"score must be a number in [0, 1], got {score}", "invalid_score",
                          "score")
-    rec = self.routes.get(rid)
+    rec = await self.route(rid)
     if rec is None:
       raise RequestError(404, f"no served completion with id {rid!r}", "unknown_id", "id")
-    if rid in self.feedback_ids:
-      raise RequestError(409, f"completion {rid!r} already has feedback", "duplicate_feedback",
-                         "id")
-    # The calls as the memory stores them (memory_rows reads texts, cost and failure).
-    calls = [types.SimpleNamespace(**c) for c in rec["calls"]]
-    rows = self.featurizer.memory_rows(calls, float(score))
-    hubs = np.array([c["action"] for c in rec["calls"]], np.int32)
-    # No await until the memory and the decision inputs agree again: decisions run on this loop.
-    self.history.add(rows, hubs)
-    extra = max(0, len(self.history) - self.history.capacity)
-    gone_rows, gone_hubs = self.history.rows[:extra], self.history.hubs[:extra]
-    evicted = self.history.evict()
-    if self.reads_memory:
-      self._evicted_since_sync += evicted
-      if self.runner.summary or self._evicted_since_sync > self.history.capacity:
-        # Full recompute: the summary mode always; the sums once per capacity evicted rows,
-        # which bounds the float32 drift of subtracting (amortised: one row pass per row).
-        self.runner.set_params(self.params, self.history)
-        self._evicted_since_sync = 0
-      else:
-        # Incremental: a full memory evicts on every feedback, and recomputing all 100,000 rows
-        # of a default-size memory each time would cost more than the decisions.
-        self.runner.add_history(rows, hubs)
-        if evicted:
-          self.runner.add_history(gone_rows, gone_hubs, sign=-1.0)
-      if evicted and self.batcher.index is not None:
-        self.batcher.index = self._new_index()
-    self.served_rows += len(rows)
-    self.feedback_ids[rid] = None
-    while len(self.feedback_ids) > store.FEEDBACK_IDS_KEPT:
-      self.feedback_ids.popitem(last=False)
-    self._seq += 1
-    self._pending.append((self._seq, rows, hubs, rid))
-    self.routes.append(dict(type="feedback", id=rid, score=float(score), key=key,
-                            created=time.time()))
+    duplicate = RequestError(409, f"completion {rid!r} already has feedback",
+                             "duplicate_feedback", "id")
+    if rid in self._claimed or self.memory.has(rid):
+      raise duplicate
+    self._claimed.add(rid)
+    try:
+      # The calls as the memory stores them (memory_rows reads texts, cost and failure).
+      calls = [types.SimpleNamespace(**c) for c in rec["calls"]]
+      rows = self.featurizer.memory_rows(calls, float(score))
+      hubs = np.array([c["action"] for c in rec["calls"]], np.int32)
+      fb = store_api.Feedback(seq=0, rid=rid, key=key, score=float(score), rows=rows, hubs=hubs)
+      try:
+        fb = await self._stored(self.store.add_feedback, fb)
+      except store_api.DuplicateFeedback:
+        raise duplicate from None
+      except OSError as e:   # StorageError included: nothing was stored
+        self.counters["feedback_not_stored"] += 1
+        logging.getLogger(__name__).error("feedback %s not stored: %s", rid, e)
+        raise RequestError(503, "the feedback could not be stored (nothing was recorded; "
+                           "retry later)", "storage_unavailable") from None
+      try:   # applies it (and anything before it) in the store's order
+        await self.memory.sync()
+      except Exception:   # stored (acknowledged below); the next sync applies it
+        self.counters["sync_errors"] += 1
+        logging.getLogger(__name__).exception("memory sync failed after feedback %s", rid)
+    finally:
+      self._claimed.discard(rid)
     self.counters["feedback"] += 1
-    await self.flush()   # acknowledged feedback is on disk
-    return dict(id=rid, score=float(score), rows_added=len(rows), rows_evicted=evicted,
-                memory_rows=len(self.history))
+    self._maybe_compact()
+    out = self.memory.result(rid) or dict(rows_added=len(rows), rows_evicted=0)
+    return dict(id=rid, score=float(score), rows_added=out["rows_added"],
+                rows_evicted=out["rows_evicted"], memory_rows=len(self.history), seq=fb.seq)
 
   def _snapshot(self):
-    header = dict(row_dim=self.featurizer.spec.row_dim, num_hubs=self.space.size,
-                  capacity=self.history.capacity, served_rows=self.served_rows,
-                  feedback_ids=list(self.feedback_ids), workdir=str(self.workdir),
-                  saved=time.time())
-    return self.history.rows, self.history.hubs, header
+    return self.memory.snapshot(workdir=str(self.workdir), saved=time.time())
 
-  async def flush(self, *, compact: bool = False) -> None:
-    """Puts every feedback made before the call on disk (when a memory file is set): appended to
-    the journal, or folded into a new base when the journal is long (or `compact`). Concurrent
-    calls share writes; each returns once its own feedback is written."""
-    if self.memfile is None:
+  def _maybe_compact(self) -> None:
+    """Folds the feedback since the last base into a new one, in the background, once it holds
+    more than compact_rows rows."""
+    if self.memory.rows_since_base > self.compact_rows and (
+        self._compacting is None or self._compacting.done()):
+      self._compacting = asyncio.get_running_loop().create_task(self.compact())
+
+  async def compact(self) -> None:
+    """Writes the memory as the store's new base (arrays are replaced, never changed in place,
+    so the snapshot is safe to hand to a thread)."""
+    snap = self._snapshot()
+    folded = self.memory.rows_since_base
+    try:
+      await self._stored(self.store.write_base, *snap)
+    except OSError as e:   # the journal still holds everything: only the restart gets slower
+      logging.getLogger(__name__).error("memory base not written: %s", e)
+      self.counters["compaction_errors"] += 1
       return
-    if self._write_lock is None:
-      self._write_lock = asyncio.Lock()
-    async with self._write_lock:
-      pending, self._pending = self._pending, []
-      new_rows = sum(len(p[1]) for p in pending)
-      base = None
-      if (self.memfile.journal_rows + new_rows > self.memfile.compact_rows
-          or (compact and (pending or self.memfile.journal_rows))):
-        # Arrays are replaced, never modified in place, so the snapshot is safe to hand off; it
-        # holds exactly the feedback up to self._seq, which `pending` ends with.
-        base = (*self._snapshot(), self._seq)
-      if base is not None:
-        await asyncio.to_thread(lambda: self.memfile.write_base(*base[:3], seq=base[3]))
-      elif pending:
-        await asyncio.to_thread(self.memfile.append, pending)
+    self.memory.rows_since_base = max(0, self.memory.rows_since_base - folded)
 
   def memory_info(self) -> dict:
-    counts = np.bincount(self.history.hubs, minlength=self.space.size)[:self.space.size]
-    per_hub = {}
-    for a, n in enumerate(counts):
-      if n:
-        role, llm = self.space.decode(a)
-        per_hub[f"{role.name}/{llm}"] = int(n)
-    return dict(rows=len(self.history), capacity=self.history.capacity,
-                served_rows=self.served_rows, feedback=len(self.feedback_ids),
-                journal_rows=self.memfile.journal_rows if self.memfile else 0,
-                mode=self.mode, read_by_decisions=self.reads_memory,
-                path=str(self.memory_path) if self.memory_path else None,
-                restored=self.memory_restored, per_hub=per_hub)
+    return dict(self.memory.memory_info(), mode=self.mode,
+                store=getattr(self.store, "kind", type(self.store).__name__))
+
+  async def route(self, rid: str) -> dict | None:
+    """The route record of completion `rid` (with its `seq`, and `key` when the HTTP layer set
+    one); None when unknown."""
+    return await self._stored(self.store.route, rid)
+
+  async def routes_after(self, seq: int, limit: int) -> list[dict]:
+    """Route records with seq > `seq`, in seq order, at most `limit`."""
+    return await self._stored(self.store.routes_after, seq, limit)
+
+  async def routes_since(self, t: float, limit: int) -> list[dict]:
+    """Route records created after unix time `t` (not for paging: records are numbered when
+    they finish, so a slow request can be created before one already listed)."""
+    out, after = [], 0
+    while len(out) < limit:
+      page = await self.routes_after(after, 1000)
+      if not page:
+        break
+      out += [r for r in page if r["created"] > t]
+      after = page[-1]["seq"]
+    return out[:limit]
 
   def health(self) -> dict:
     b = self.batcher
@@ -731,14 +773,27 @@ class RouterSession:
                 decisions=dict(policy_calls=b.calls, decisions=b.decisions,
                                mean_batch=b.decisions / b.calls if b.calls else 0.0,
                                policy_s=b.act_s),
-                memory=dict((k, v) for k, v in self.memory_info().items() if k != "per_hub"))
+                memory=dict((k, v) for k, v in self.memory_info().items()
+                            if k not in ("per_hub", "per_key")))
 
   async def aclose(self) -> None:
     await self.batcher.aclose()
-    self._compute.shutdown(wait=False)   # nothing is queued once the batcher and requests stop
-    await self.flush(compact=True)
-    self.routes.close()
-    await self.pool.aclose()
+    if self._sync_task is not None:
+      self._sync_task.cancel()
+      try:
+        await self._sync_task
+      except asyncio.CancelledError:
+        pass
+    try:
+      if self._compacting is not None:
+        await self._compacting
+      if self.memory.rows_since_base:
+        await self.compact()
+    finally:
+      self.store.close()
+      self._store_io.shutdown()
+      self._compute.shutdown(wait=False)   # nothing is queued once the batcher and requests stop
+      await self.pool.aclose()
 
 
 def _finish(reason: str | None) -> str:

@@ -9,7 +9,6 @@ import types
 
 import pytest
 from aiohttp import test_utils
-from aiohttp import web
 
 from gp_jax import errors
 from gp_jax.runs.serving import app as app_lib
@@ -101,13 +100,24 @@ class _StubSession:
   def __init__(self):
     self.records = {"chatcmpl-a": {"id": "chatcmpl-a", "key": "alice", "created": 1.0},
                     "chatcmpl-b": {"id": "chatcmpl-b", "key": "bob", "created": 2.0}}
-    self.routes = types.SimpleNamespace(get=self.records.get,
-                                        since=lambda t, n: list(self.records.values())[:n])
     self.given = []
     self.counters = collections.Counter()
     self.in_flight, self.max_concurrency = 0, 4
     self.batcher = types.SimpleNamespace(calls=2, decisions=6)
     self.history = _History()
+
+  async def start(self):
+    pass
+
+  async def route(self, rid):
+    return self.records.get(rid)
+
+  async def routes_after(self, after, limit):
+    recs = [dict(r, seq=i + 1) for i, r in enumerate(self.records.values())]
+    return [r for r in recs if r["seq"] > after][:limit]
+
+  async def routes_since(self, t, limit):
+    return [r for r in self.records.values() if r["created"] > t][:limit]
 
   async def feedback(self, rid, score, *, key=None):
     if rid not in self.records:

@@ -22,6 +22,7 @@ from gp_jax.llm import catalog as catalog_lib
 from gp_jax.llm import testing_server
 from gp_jax.runs.serving import process
 from gp_jax.runs.serving import store
+from gp_jax.runs.serving import store_api
 
 QUERY = "Which planet in the solar system has the most moons, and how many were confirmed by 2023?"
 
@@ -57,6 +58,18 @@ def _get(srv, path) -> dict:
   status, _, body = _http(srv, path)
   assert status == 200, body
   return json.loads(body)
+
+
+def _all_routes(srv) -> list[dict]:
+  """Every route record the server lists, paged by seq."""
+  out, after = [], 0
+  while True:
+    page = _get(srv, f"/v1/routes?after={after}&limit=1000")
+    if not page["data"]:
+      return out
+    assert len(page["data"]) <= 1000
+    out += page["data"]
+    after = page["last"]
 
 
 def _ext(completion) -> dict:
@@ -204,9 +217,9 @@ def test_feedback_grows_the_memory_that_the_next_decision_reads(served):
   # The acknowledged feedback is on disk: the journal's last record holds the new rows with
   # utility = score.
   _, _, _, records = store.MemoryFile(memory_path, row_dim=_row_dim(), num_hubs=_num_hubs()).load()
-  seq, rows, hubs, rid = records[-1]
-  assert rid == first.id and len(rows) == n
-  assert np.all(rows[:, 2 * test_config.get_config().model.mem_proj] == 1.0)
+  assert records[-1].rid == first.id and len(records[-1].rows) == n
+  assert records[-1].seq == ack["seq"] and records[-1].score == 1.0
+  assert np.all(records[-1].rows[:, 2 * test_config.get_config().model.mem_proj] == 1.0)
   second = client.chat.completions.create(model="graphplanner",
                                           messages=[{"role": "user", "content": QUERY + " (2)"}])
   assert _ext(second)["history_rows"] == mem1["rows"]
@@ -240,7 +253,7 @@ def test_memory_is_bounded_and_survives_kill_9_and_restart(served, workdir, tmp_
     assert status == 200, body
   assert _get(srv, "/v1/memory")["rows"] == capacity
   before = _get(srv, "/v1/memory")
-  served_ids = [r["id"] for r in _get(srv, "/v1/routes?since=0&limit=100000")["data"]]
+  served_ids = [r["id"] for r in _all_routes(srv)]
   srv.stop(signal.SIGKILL)   # a crash: no clean shutdown
   restarted = process.RouterProcess([f"--workdir={workdir}", f"--memory_path={memory_path}"],
                                     tmp_path / "restart.log").start()
@@ -262,7 +275,7 @@ def test_memory_is_bounded_and_survives_kill_9_and_restart(served, workdir, tmp_
     subprocess.run([sys.executable, "-m", "experiments.export_routes", f"--url={restarted.url}",
                     f"--out={out}", "--include_unscored"], check=True, cwd=paths.REPO_ROOT,
                    capture_output=True)
-    listed = _get(restarted, "/v1/routes?since=0&limit=100000")["data"]
+    listed = _all_routes(restarted)
     with open(out, newline="") as f:
       table = list(csv.reader(f))   # responses (planner lines) hold newlines: read it as CSV
     assert table[0] == list(store.LLMROUTER_FIELDS)
@@ -330,13 +343,19 @@ def test_runner_refuses_overrides_that_change_the_trained_router(workdir, tmp_pa
   assert out.returncode == 2 and "not a training workdir" in out.stderr
 
 
+def _fb(seq, F, A, n=2, rid=None, key=None):
+  return store_api.Feedback(seq=seq, rid=rid or f"id{seq}", key=key, score=0.5,
+                            rows=np.full((n, F), seq, np.float32),
+                            hubs=np.arange(n, dtype=np.int32) % A)
+
+
 def test_memory_file_survives_crashes_at_any_point(tmp_path, monkeypatch):
   F, A = 5, 4
   path = tmp_path / "memory.npz"
-  mf = store.MemoryFile(path, row_dim=F, num_hubs=A, compact_rows=100)
+  mf = store.MemoryFile(path, row_dim=F, num_hubs=A)
   base = np.ones((3, F), np.float32)
   mf.write_base(base, np.array([0, 1, 2]), dict(row_dim=F, num_hubs=A), seq=0)
-  recs = [(i, np.full((2, F), i, np.float32), np.array([i % A, 0]), f"id{i}") for i in (1, 2, 3)]
+  recs = [_fb(i, F, A) for i in (1, 2, 3)]
   mf.append(recs[:2])
   mf.append(recs[2:])
   # A crash in the middle of the last append: its record is torn.
@@ -344,17 +363,17 @@ def test_memory_file_survives_crashes_at_any_point(tmp_path, monkeypatch):
   mf.journal_path.write_bytes(data[:-7])
   rows, hubs, header, got = store.MemoryFile(path, row_dim=F, num_hubs=A).load()
   np.testing.assert_array_equal(rows, base)
-  assert [(s, rid) for s, _, _, rid in got] == [(1, "id1"), (2, "id2")]
-  np.testing.assert_array_equal(got[1][1], recs[1][1])
+  assert [(fb.seq, fb.rid) for fb in got] == [(1, "id1"), (2, "id2")]
+  np.testing.assert_array_equal(got[1].rows, recs[1].rows)
   # The torn tail was cut off: a later append follows a whole record and is read back.
   mf2 = store.MemoryFile(path, row_dim=F, num_hubs=A)
   mf2.load()
   mf2.append([recs[2]])
-  assert [s for s, *_ in store.MemoryFile(path, row_dim=F, num_hubs=A).load()[3]] == [1, 2, 3]
+  assert [fb.seq for fb in store.MemoryFile(path, row_dim=F, num_hubs=A).load()[3]] == [1, 2, 3]
   # Compaction killed between the new base and emptying the journal: seq skips what the base
   # holds, so nothing is counted twice.
   monkeypatch.setattr(mf2, "journal_path", tmp_path / "elsewhere")   # the truncation misses
-  folded = np.concatenate([base] + [r for _, r, _, _ in recs])
+  folded = np.concatenate([base] + [fb.rows for fb in recs])
   mf2.write_base(folded, np.zeros(len(folded), np.int32), dict(row_dim=F, num_hubs=A), seq=3)
   rows, _, header, got = store.MemoryFile(path, row_dim=F, num_hubs=A).load()
   assert len(rows) == 9 and header["seq"] == 3 and got == []
@@ -386,7 +405,7 @@ def test_history_sums_stay_exact_while_a_full_memory_evicts(workdir):
     await s.aclose()
 
   asyncio.run(run())
-  assert len(s.history) == capacity and s._evicted_since_sync > 0   # incremental path taken
+  assert len(s.history) == capacity and s.memory._evicted_since_sync > 0   # incremental path
   kept_sum, kept_count = s.runner.hub_sum.copy(), s.runner.hub_count.copy()
   s.runner.set_params(s.params, s.history)
   np.testing.assert_allclose(kept_count, s.runner.hub_count)
