@@ -1,7 +1,8 @@
 """Hostile clients against a real server process (experiments/serve_router.py with a keys file of
 two clients and one admin, on the simulator): missing and invalid keys, a client reading what
 only an admin may, feedback on another key's completion, a cross-origin text/plain post, a wrong
-Host, oversized and malformed bodies, a request flood. Each test checks the status and that
+Host, oversized and malformed bodies, a request flood, a feedback flood from one key (capped at
+its share of the memory). Each test checks the status and that
 nothing was lost or changed that should not be (memory rows, feedback count); the last one checks
 that /metrics counted every refusal the module caused. The official openai client is used where a
 client would use it, raw http.client elsewhere."""
@@ -338,6 +339,48 @@ def _runner(*args, tmp_path):
   return subprocess.run([sys.executable, "-m", "experiments.serve_router", "--port=0", *args],
                         cwd=paths.REPO_ROOT, capture_output=True, text=True, timeout=120,
                         env=dict(os.environ, PYTHONPATH=str(paths.REPO_ROOT)))
+
+
+def test_a_feedback_flood_from_one_key_churns_only_its_own_share(workdir, tmp_path):
+  """bob sends pass-through requests and scores each 1.0 until its rows would be far more than
+  its share of the memory: every feedback is acknowledged and kept in the store, but in the memory
+  bob's rows stop at --max_key_share of the capacity, its own oldest evicted first, so alice's rows
+  and the training history that is left are untouched by the rest of the flood."""
+  _write_keys(tmp_path / "keys.json")
+  share = 0.25
+  with process.RouterProcess(
+      [f"--workdir={workdir}", f"--memory_path={tmp_path / 'memory.npz'}",
+       f"--api_keys_file={tmp_path / 'keys.json'}", f"--max_key_share={share}"],
+      tmp_path / "server.log") as srv:
+    mem0 = _memory(srv)
+    cap = int(share * mem0["capacity"])
+    alice = [_complete(srv, "alice", f"{QUERY} ({i})") for i in range(3)]
+    for c in alice:
+      assert _client(srv, "alice").post("/feedback", body={"id": c.id, "score": 0.5},
+                                        cast_to=object)["rows_added"] >= 1
+    alice_rows = _memory(srv)["per_key"]["alice"]
+    backbone = [m.id for m in _client(srv, "bob").models.list().data][1]
+    bob = _client(srv, "bob")
+
+    def flood(n, start):
+      for i in range(start, start + n):
+        c = bob.chat.completions.create(model=backbone, messages=[
+            {"role": "user", "content": f"Flood question {i}: what is {i} + {i}?"}])
+        out = bob.post("/feedback", body={"id": c.id, "score": 1.0}, cast_to=object)
+        assert out["rows_added"] == 1   # acknowledged: durable in the store
+    flood(cap + 10, 0)
+    mid = _memory(srv)
+    flood(cap, cap + 10)                # as many again: only bob's own rows go
+    end = _memory(srv)
+  assert mid["per_key"]["bob"] == end["per_key"]["bob"] == cap
+  assert mid["per_key"]["alice"] == end["per_key"]["alice"] == alice_rows
+  training = lambda m: m["rows"] - sum(m["per_key"].values())
+  assert training(end) == training(mid) > 0
+  assert end["rows"] <= end["capacity"]
+  # Nothing acknowledged was dropped: every feedback is in the store (3 of alice's, 2 cap + 10
+  # of bob's), though most of bob's rows left the memory.
+  assert end["feedback"] == mem0["feedback"] + 3 + 2 * cap + 10
+  assert end["seq"] == mem0["seq"] + 3 + 2 * cap + 10
 
 
 def test_non_loopback_bind_without_keys_and_bad_keys_files_are_refused(tmp_path):
