@@ -475,6 +475,15 @@ class RouterSession:
       return out, time.perf_counter() - t0
     return await asyncio.get_running_loop().run_in_executor(self._compute, timed)
 
+  def _checked_task(self, task: str | None, admission: "Admission | None") -> str:
+    """check_task; a request refused for its task gives its queue place back."""
+    try:
+      return self.check_task(task)
+    except RequestError:
+      if admission is not None:
+        admission.cancel()
+      raise
+
   async def complete(self, text: str, *, task: str | None = None, rid: str | None = None,
                      seed: int | None = None, params: base.SamplingParams | None = None,
                      conversation: str = "", on_delta: Callable[[str], None] | None = None,
@@ -489,12 +498,7 @@ class RouterSession:
     A cancelled request (client gone, deadline) logs the backbone calls it spent and re-raises.
     key: the name of the API key that asked (the route record's `key`; None without keys).
     """
-    try:
-      task = self.check_task(task)
-    except RequestError:
-      if admission is not None:
-        admission.cancel()
-      raise
+    task = self._checked_task(task, admission)
     rid = rid or new_id()
     admission = admission or self.admit()
     async with admission:
@@ -582,12 +586,7 @@ class RouterSession:
     """One call of backbone `model`, no routing. On the simulator (which answers only the
     workflow's role prompts) the last user message is asked as one Executor call, with the
     other messages as its context block (conversation.render)."""
-    try:
-      task = self.check_task(task)
-    except RequestError:
-      if admission is not None:
-        admission.cancel()
-      raise
+    task = self._checked_task(task, admission)
     rid = rid or new_id()
     text = last_user_text(messages)
     admission = admission or self.admit()
