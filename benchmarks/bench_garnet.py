@@ -136,7 +136,7 @@ def main(argv):
                        hist_count=count)
     # one-step episodes with random rewards and values: GAE gives A = r - V
     batch = batch_lib.build(transitions, rng.normal(size=(real, 1)), rng.normal(size=(real, 1)),
-                            gamma=0.99, size=N, num_episodes=real, num_steps=1)
+                            size=N, num_episodes=real, num_steps=1)
     return inputs, batch
 
   def time_update(fn, inputs, batch):

@@ -148,7 +148,7 @@ def test_no_retrace_as_history_grows_within_a_bucket():
     eps = asyncio.run(rollout.run_episodes(
         env, sysm.featurizer, runner, sysm.train_queries[it * 8:(it + 1) * 8],
         key=jax.random.PRNGKey(it), greedy=False, history=history, grow_history=True, seed_salt=it))
-    batch, hist = batch_lib.build_batch(eps, history, gamma=0.99, batch_size=bsz, num_episodes=8,
+    batch, hist = batch_lib.build_batch(eps, history, batch_size=bsz, num_episodes=8,
                                         max_calls=learner_cfg.max_calls(sysm),
                                         num_hubs=sysm.space.size)
     state, _ = update(state, jnp.asarray(sysm.featurizer.hub_features), hist, batch)
