@@ -12,8 +12,9 @@ counselor's own (features.py: hubs = (agent kind, LLM), only the step's kind val
 Simplification of GraphPlanner: no cross-episode history table (GARNet(use_history=False); the
 update gets an empty one), since a question's own calls already show what each hub did.
 
-`Router` holds the fixed pieces (featurizer, network, optimizer, jitted update, batched policy);
-it owns no parameters: they live in the TrainingState the caller keeps.
+`Router` holds the fixed pieces (featurizer, network, optimizer, jitted update, batched policy)
+and no training state: parameters and optimizer state live in the TrainingState the caller keeps
+and passes in (the batched policy only holds the parameters the latest selector decides with).
 
 Training: episodes = one question's calls, per-call reward
     r_t = -alpha * C_t  (+ U at the last call),   U = exact match of the final answer,
@@ -96,13 +97,13 @@ class RouterConfig:
 def max_calls(max_steps: int, max_reflect: int) -> int:
   """The most LLM calls (= routing decisions) of one question: max_reflect + 1 trials of
   max_steps (plan, thought, action) steps, a judge and a reflection after every trial but the
-  last, and a judge of the last trial (run_counselor's judge_final_trial)."""
+  last, and a judge of the last trial (with run_counselor's judge_final_trial)."""
   return (max_reflect + 1) * 3 * max_steps + 2 * max_reflect + 1
 
 
 @dataclasses.dataclass(frozen=True)
 class Router:
-  """The routed counselor's fixed pieces (module docstring); no parameters, no state.
+  """The routed counselor's fixed pieces (module docstring); no training state.
 
   Attributes:
     config: the network and update settings.
