@@ -2,7 +2,9 @@
 
 Workflows that each run on their own (asyncio tasks: served requests, Graph Counselor questions)
 ask for one decision at a time. A `DecisionBatcher` collects the observations waiting at one
-turn of the event loop, scores them with one call of the batched policy
+turn of the event loop, scores them with one call of the batched policy (on the loop, or in a
+worker thread on a copy of the policy's inputs taken on the loop, so the loop keeps serving and
+may change the history sums meanwhile)
 (gp_jax.rl.rollout.PolicyRunner.act_each, the batch padded to the smallest of a few fixed sizes,
 so each size compiles once) and hands every workflow its decision: action, log-probability and
 value. Sampled decisions draw with their own key, decision_key(key, ids) of the ids the caller
@@ -16,6 +18,7 @@ episodes themselves: every episode advances one step per policy call.)
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import dataclasses
 import time
 from typing import Any, Callable, Sequence
@@ -50,19 +53,23 @@ class DecisionBatcher:
     key: the sampling key (unused when greedy).
     greedy: argmax decisions; else sampled with per-decision keys.
     num_ids: ids per decision (the width of `decide`'s ids).
-    prepare: applied to each batch's observations, with the extras given to `decide`.
+    prepare: applied to each batch's observations (on the loop), with the extras given to
+      `decide`.
+    executor: where the policy call runs (a worker thread, on runner.decision_inputs() taken on
+      the loop); None: on the loop.
   """
 
   def __init__(self, runner: rollout.PolicyRunner, buckets: Sequence[int], *,
                key: jax.Array | None = None, greedy: bool = True, num_ids: int = 1,
-               prepare: Prepare | None = None):
+               prepare: Prepare | None = None,
+               executor: concurrent.futures.Executor | None = None):
     if not buckets or min(buckets) < 1:
       raise ValueError(f"decision batch sizes must be >= 1, got {list(buckets)}")
     if not greedy and key is None:
       raise ValueError("sampled decisions need a key")
     self.runner, self.buckets = runner, tuple(sorted(buckets))
     self.key = key if key is not None else jax.random.PRNGKey(0)
-    self.greedy, self.num_ids, self.prepare = greedy, num_ids, prepare
+    self.greedy, self.num_ids, self.prepare, self.executor = greedy, num_ids, prepare, executor
     self._pending: list[tuple[dict, np.ndarray, Any, asyncio.Future]] = []
     self._wake: asyncio.Event | None = None
     self._task: asyncio.Task | None = None
@@ -81,18 +88,24 @@ class DecisionBatcher:
     out[:] = [int(i) & 0xFFFFFFFF for i in ids]
     return out
 
-  def act(self, obs: list[dict], ids: list[np.ndarray], extras: list[Any]
-          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Actions, log-probabilities and values [n] of n <= the largest bucket decisions, now (one
-    padded policy call)."""
-    if self.prepare is not None:
-      obs = self.prepare(list(obs), list(extras))
+  def _prepared(self, obs: list[dict], extras: list[Any]) -> list[dict]:
+    return self.prepare(list(obs), list(extras)) if self.prepare is not None else list(obs)
+
+  def _score(self, obs: list[dict], ids: list[np.ndarray], inputs: tuple | None = None
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The padded policy call (any thread): actions, log-probabilities, values of the real rows."""
     size = self.bucket(len(obs))
     batch = features_lib.stack(obs, pad_to=size)
     id_rows = np.stack(list(ids) + [ids[-1]] * (size - len(ids)))
-    a, lp, v = self.runner.act_each(batch, self.key, id_rows, self.greedy)
+    a, lp, v = self.runner.act_each(batch, self.key, id_rows, self.greedy, inputs=inputs)
     n = len(obs)
     return a[:n], lp[:n], v[:n]
+
+  def act(self, obs: list[dict], ids: list[np.ndarray], extras: list[Any]
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Actions, log-probabilities and values [n] of n <= the largest bucket decisions, now (one
+    padded policy call on this thread)."""
+    return self._score(self._prepared(obs, extras), ids)
 
   def warm_up(self, obs: dict, extra: Any = None) -> None:
     """Compiles the policy for every batch size before the first decision."""
@@ -130,8 +143,13 @@ class DecisionBatcher:
         continue
       t0 = time.perf_counter()
       try:
-        actions, logp, values = self.act([b[0] for b in batch], [b[1] for b in batch],
-                                         [b[2] for b in batch])
+        obs = self._prepared([b[0] for b in batch], [b[2] for b in batch])
+        ids = [b[1] for b in batch]
+        if self.executor is None:
+          actions, logp, values = self._score(obs, ids)
+        else:   # the inputs are copied on the loop: consistent while the loop changes the sums
+          actions, logp, values = await asyncio.get_running_loop().run_in_executor(
+              self.executor, self._score, obs, ids, self.runner.decision_inputs())
       except Exception as e:   # surfaced to every waiting workflow; the batcher keeps serving
         for b in batch:
           if not b[3].done():

@@ -188,12 +188,14 @@ class PolicyRunner:
     a, lp, v = self._act(*inputs, obs, key, jnp.asarray(greedy))
     return np.asarray(a), np.asarray(lp), np.asarray(v)
 
-  def act_each(self, obs: dict, key, ids: np.ndarray, greedy: bool):
+  def act_each(self, obs: dict, key, ids: np.ndarray, greedy: bool, inputs: tuple | None = None):
     """As `act`, but each decision samples with its own key, decision_key(key, ids[i]) (ids
     [B, k] integers, one row per decision): a decision's action does not depend on which other
-    decisions share its batch, so batched decisions are the unbatched ones (gp_jax/rl/decisions.py)."""
-    a, lp, v = self._act_each(self.params, self.hub_features, self.hub_sum, self.hub_count, obs,
-                              key, jnp.asarray(ids, jnp.uint32), jnp.asarray(greedy))
+    decisions share its batch, so batched decisions are the unbatched ones (gp_jax/rl/decisions.py).
+    inputs: from `decision_inputs` (a worker thread's call); None: the runner's current ones."""
+    inputs = inputs if inputs is not None else (self.params, self.hub_features, self.hub_sum,
+                                                self.hub_count)
+    a, lp, v = self._act_each(*inputs, obs, key, jnp.asarray(ids, jnp.uint32), jnp.asarray(greedy))
     return np.asarray(a), np.asarray(lp), np.asarray(v)
 
 

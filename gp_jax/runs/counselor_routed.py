@@ -34,6 +34,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from gp_jax import config_lists
 from gp_jax import errors
 from gp_jax import files
 from gp_jax import stats
@@ -365,11 +366,12 @@ def run(cfg: ExperimentConfig, seeds: Sequence[int], workdir: str, *, concurrenc
   return summary
 
 
-def parse_seeds(text: str) -> list[int]:
+def parse_seeds(value) -> list[int]:
+  """config.seeds ('0,1,2' or a sequence) as integers."""
   try:
-    return [int(s) for s in text.split(",") if s.strip()]
+    return [int(s) for s in config_lists.names(value)]
   except ValueError:
-    raise errors.ConfigError(f"config.seeds must be comma-separated integers, got {text!r}"
+    raise errors.ConfigError(f"config.seeds must be comma-separated integers, got {value!r}"
                              ) from None
 
 
@@ -380,7 +382,7 @@ def experiment_config(config) -> ExperimentConfig:
       graph_seed=int(config.data.graph_seed), per_template=int(config.data.per_template),
       graph=str(config.data.graph), questions=str(config.data.questions),
       n_train=int(config.data.n_train), n_test=int(config.data.n_test),
-      llms=tuple(s.strip() for s in str(config.llms).split(",") if s.strip()),
+      llms=config_lists.names(config.llms),
       catalog=str(config.catalog_file), alpha=float(config.alpha),
       episodes=int(config.train.episodes), batch_questions=int(config.train.batch_questions),
       learning_rate=float(config.ppo.learning_rate), entropy_coef=float(config.ppo.entropy_coef),
@@ -392,5 +394,5 @@ def experiment_config(config) -> ExperimentConfig:
 
 def run_from_config(config, workdir: str, *, log: Callable[[str], None] = print) -> dict:
   """`run` with the settings, seeds and concurrency of an ml_collections config."""
-  return run(experiment_config(config), parse_seeds(str(config.seeds)), workdir,
+  return run(experiment_config(config), parse_seeds(config.seeds), workdir,
              concurrency=int(config.concurrency), log=log)
