@@ -214,7 +214,7 @@ def test_update_sees_what_decisions_saw_without_retracing(sysm, mode):
     eps = asyncio.run(rollout.run_episodes(env, feat, runner, queries, key=jax.random.PRNGKey(it),
                                            greedy=False, history=history, grow_history=True,
                                            seed_salt=("ablation", it)))
-    batch, hist = batch_lib.build_batch(eps, None, gamma=0.99, batch_size=bsz, num_episodes=8,
+    batch, hist = batch_lib.build_batch(eps, None, batch_size=bsz, num_episodes=8,
                                         max_calls=learner_cfg.max_calls(sysm), num_hubs=A)
     tr = batch.transitions
     if mode == "summary":
