@@ -27,6 +27,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.llms = ("qwen2.5-7b-instruct,llama-3.1-8b-instruct,llama-3.3-nemotron-super-49b-v1"
             if test else "")
   c.catalog_file = ""              # LLM catalog JSON; "" = data/llm_pool.json
+  # The per-kind table baseline (one LLM per agent kind, found by coordinate ascent on the
+  # training questions): passes over the five kinds (a pass that changes nothing ends it).
+  c.table_passes = 2
 
   c.data = ml_collections.ConfigDict()
   c.data.domain = "academic"       # generated graph: academic | ecommerce | biomedical

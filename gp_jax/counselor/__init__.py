@@ -9,7 +9,8 @@ Rooms, each importing only the rooms listed before it (tests/counselor/test_room
   eval/     answer metrics and the LLM judge (metrics), methods run and scored (evaluate)
   synth/    generated graphs and questions (generator, templates, plans), the oracle backend and
             the simulated counselor backend (sim_pool)
-  routing/  a GraphPlanner-style router that picks every agent step's backbone (router)
+  routing/  GraphPlanner's router picking every agent step's backbone, on graph/ and rl/'s
+            machinery: observations (features), LLM selector (selector), training (router)
 
 The experiments that assemble them are in the run layer (gp_jax/runs/counselor.py,
 gp_jax/runs/counselor_routed.py). The entry points a router uses (every LLM call of a run takes

@@ -8,6 +8,9 @@ Shapes (D = text embedding width, P = memory projection width, A = number of act
 Memory rows project the two text embeddings to P dims with a fixed random matrix (P = 0 keeps D):
 the history table can hold 1e5 rows, and GARNet's first layer costs rows x F x hidden per gradient
 step, so F sets the update time (see benchmarks/bench_garnet.py for both settings).
+The pieces every featurizer shares are module functions (`projection`, `hub_table`, `memory_row_table`,
+`pad_rows`, `stack`): GraphPlanner's `Featurizer` here and the routed Graph Counselor's
+(gp_jax/counselor/routing/features.py), whose state vector differs (FeatureSpec.state_extra).
 History ablations (docs/ablations.md): `history_summary` writes one sentence per hub about its past
 calls and embeds it ([A, D]); `RetrievalIndex` gives each decision the k history rows whose
 input-state projection is most cosine-similar to the projected query embedding, as observation
@@ -32,6 +35,7 @@ class FeatureSpec:
   mem_proj: int          # 0: no projection
   max_rows: int          # workflow memory rows per observation (= MDP step cap)
   num_actions: int
+  state_extra: int = STATE_EXTRA   # structural state features after the state text embedding
 
   @property
   def mem_text_dim(self) -> int:
@@ -43,7 +47,65 @@ class FeatureSpec:
 
   @property
   def state_dim(self) -> int:
-    return self.text_dim + STATE_EXTRA
+    return self.text_dim + self.state_extra
+
+
+def projection(spec: FeatureSpec, seed: int) -> np.ndarray | None:
+  """The fixed random matrix [D, P] projecting memory-row text embeddings (None when P = 0)."""
+  if not spec.mem_proj:
+    return None
+  rng = np.random.default_rng(seed)
+  return (rng.normal(size=(spec.text_dim, spec.mem_proj)) / np.sqrt(spec.mem_proj)
+          ).astype(np.float32)
+
+
+def hub_table(role_embs: np.ndarray, llm_embs: np.ndarray) -> np.ndarray:
+  """Hub features [R K, 2D]: [role emb ; LLM emb] per (role, LLM) action, index = role x K + llm.
+
+  Args:
+    role_embs: [R, D] embeddings of the role (or agent kind) descriptions.
+    llm_embs: [K, D] embeddings of the LLM descriptions.
+  """
+  K = len(llm_embs)
+  return np.concatenate([np.repeat(role_embs, K, axis=0), np.tile(llm_embs, (len(role_embs), 1))],
+                        axis=1)
+
+
+def memory_row_table(input_embs: np.ndarray, output_embs: np.ndarray, utility: np.ndarray,
+                     cost_usd, failed, proj: np.ndarray | None) -> np.ndarray:
+  """Memory rows [n, F] = [proj(input emb) ; proj(output emb) ; U ; C ; failed] of n calls.
+
+  Args:
+    input_embs, output_embs: [n, D] embeddings of each call's input state and output.
+    utility: [n, 1] the utility each row carries (0 while it is unknown).
+    cost_usd: n call costs in dollars (C is in milli-dollars, gp_jax.workflow.reward).
+    failed: n booleans, the call failed.
+    proj: the projection (`projection`), or None.
+  """
+  s = input_embs @ proj if proj is not None else input_embs
+  o = output_embs @ proj if proj is not None else output_embs
+  c = np.array([[reward_lib.cost_units(x)] for x in cost_usd], np.float32)
+  f = np.array([[float(x)] for x in failed], np.float32)
+  return np.concatenate([s, o, utility, c, f], axis=1).astype(np.float32)
+
+
+def pad_rows(rows: np.ndarray, hubs, spec: FeatureSpec) -> tuple[np.ndarray, np.ndarray,
+                                                                np.ndarray]:
+  """The last max_rows memory rows of a workflow, padded: rows [M, F], row_hub [M] (A for
+  padding), row_valid [M].
+
+  Args:
+    rows: [n, F] the workflow's memory rows so far. hubs: the action (hub) of each of the n rows.
+  """
+  M, A = spec.max_rows, spec.num_actions
+  n = min(len(rows), M)
+  padded = np.zeros((M, spec.row_dim), np.float32)
+  padded[:n] = rows[-n:] if n else 0
+  hub = np.full(M, A, np.int32)
+  hub[:n] = list(hubs)[-n:] if n else []
+  valid = np.zeros(M, bool)
+  valid[:n] = True
+  return padded, hub, valid
 
 
 class Featurizer:
@@ -54,14 +116,10 @@ class Featurizer:
     if encoder.dim != spec.text_dim:
       raise ValueError(f"encoder width {encoder.dim} != spec.text_dim {spec.text_dim}")
     self.spec, self.encoder, self.space, self.cfg = spec, encoder, space, cfg
-    rng = np.random.default_rng(seed)
-    self.proj = (rng.normal(size=(spec.text_dim, spec.mem_proj)) / np.sqrt(spec.mem_proj)
-                 ).astype(np.float32) if spec.mem_proj else None
+    self.proj = projection(spec, seed)
     roles = encoder.encode([r.description for r in space.roles.roles])
     llms = encoder.encode([descriptions[m] for m in space.llms])
-    K = space.num_llms
-    self.hub_features = np.concatenate(
-        [np.repeat(roles, K, axis=0), np.tile(llms, (len(space.roles), 1))], axis=1)  # [A, 2D]
+    self.hub_features = hub_table(roles, llms)   # [A, 2D]
 
   def _project(self, emb: np.ndarray) -> np.ndarray:
     return emb @ self.proj if self.proj is not None else emb
@@ -98,12 +156,11 @@ class Featurizer:
     """[len(calls), F] rows; utility None for the running workflow (not known yet)."""
     if not calls:
       return np.zeros((0, self.spec.row_dim), np.float32)
-    s = self._project(self.encoder.encode([c.input_text for c in calls]))
-    o = self._project(self.encoder.encode([c.output_text or "(no output)" for c in calls]))
-    u = np.full((len(calls), 1), 0.0 if utility is None else utility, np.float32)
-    c = np.array([[reward_lib.cost_units(x.cost_usd)] for x in calls], np.float32)
-    f = np.array([[float(x.error is not None)] for x in calls], np.float32)
-    return np.concatenate([s, o, u, c, f], axis=1).astype(np.float32)
+    return memory_row_table(
+        self.encoder.encode([c.input_text for c in calls]),
+        self.encoder.encode([c.output_text or "(no output)" for c in calls]),
+        np.full((len(calls), 1), 0.0 if utility is None else utility, np.float32),
+        [x.cost_usd for x in calls], [x.error is not None for x in calls], self.proj)
 
   def state_vector(self, state: mdp.WorkflowState, node_emb: np.ndarray) -> np.ndarray:
     node, cfg = state.node, self.cfg
@@ -123,15 +180,8 @@ class Featurizer:
   def observe(self, state: mdp.WorkflowState, task_emb: np.ndarray, query_emb: np.ndarray,
               rows: np.ndarray, mask: np.ndarray) -> dict:
     """One observation; `rows` are the workflow memory rows of the calls so far (cached by caller)."""
-    M, A = self.spec.max_rows, self.spec.num_actions
     node_emb = self.encoder.encode([state.node.text])[0]
-    n = min(len(rows), M)
-    padded = np.zeros((M, self.spec.row_dim), np.float32)
-    padded[:n] = rows[-n:] if n else 0
-    hub = np.full(M, A, np.int32)
-    hub[:n] = [c.action for c in state.calls[-n:]] if n else []
-    valid = np.zeros(M, bool)
-    valid[:n] = True
+    padded, hub, valid = pad_rows(rows, [c.action for c in state.calls], self.spec)
     return dict(task=task_emb, query=query_emb, state=self.state_vector(state, node_emb),
                 rows=padded, row_hub=hub, row_valid=valid, mask=mask.astype(bool))
 

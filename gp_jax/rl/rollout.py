@@ -61,16 +61,23 @@ class PolicyRunner:
     self.hub_sum = np.zeros((A, width), np.float32)
     self.hub_count = np.zeros(A, np.float32)
 
-    def act(params, hub_features, hub_sum, hub_count, obs, key, greedy):
+    def scores(params, hub_features, hub_sum, hub_count, obs):
       h_hist = model.apply({"params": params}, hub_features, hub_sum, hub_count,
                            method=model.history_hubs)
       logits = jax.vmap(lambda o: model.apply({"params": params}, h_hist, o, method=model.policy))(obs)
       values = jax.vmap(lambda o: model.apply({"params": params}, hub_features, o,
                                               method=model.value))(obs)
+      return logits, values
+
+    def act(params, hub_features, hub_sum, hub_count, obs, key, greedy):
+      logits, values = scores(params, hub_features, hub_sum, hub_count, obs)
       sampled = jax.random.categorical(key, logits)
-      actions = jnp.where(greedy, jnp.argmax(logits, -1), sampled)
-      logp = jnp.take_along_axis(jax.nn.log_softmax(logits), actions[:, None], 1)[:, 0]
-      return actions, logp, values
+      return _chosen(logits, sampled, greedy) + (values,)
+
+    def act_each(params, hub_features, hub_sum, hub_count, obs, key, ids, greedy):
+      logits, values = scores(params, hub_features, hub_sum, hub_count, obs)
+      sampled = jax.vmap(lambda i, l: jax.random.categorical(decision_key(key, i), l))(ids, logits)
+      return _chosen(logits, sampled, greedy) + (values,)
 
     def rows_fn(params, rows, hubs):
       h = model.apply({"params": params}, rows, method=model.history_rows)
@@ -93,9 +100,12 @@ class PolicyRunner:
 
     if max_traces is not None:   # tests: fail loudly if anything retraces
       act = chex.assert_max_traces(act, n=max_traces)
+      act_each = chex.assert_max_traces(act_each, n=max_traces)
       rows_all = chex.assert_max_traces(rows_all, n=max_traces)
       rows_chunk = chex.assert_max_traces(rows_chunk, n=max_traces)
+    self._scores = jax.jit(scores)
     self._act = jax.jit(act)
+    self._act_each = jax.jit(act_each)
     self._rows_all = jax.jit(rows_all)
     self._rows_chunk = jax.jit(rows_chunk)
 
@@ -155,7 +165,15 @@ class PolicyRunner:
     when they were added, so each row's transform is the one that was added)."""
     self.add_history(rows, hubs, sign=-1.0)
 
+  def scores(self, obs: dict) -> tuple[np.ndarray, np.ndarray]:
+    """Masked logits [B, A] and values [B] of a batch of observations."""
+    logits, values = self._scores(self.params, self.hub_features, self.hub_sum, self.hub_count,
+                                  obs)
+    return np.asarray(logits), np.asarray(values)
+
   def act(self, obs: dict, key, greedy: bool):
+    """Actions [B], their log-probabilities [B] and values [B] of a batch of observations; the
+    sampled actions draw one categorical over the whole batch with `key` (a rollout's lock-step)."""
     a, lp, v = self._act(self.params, self.hub_features, self.hub_sum, self.hub_count, obs, key,
                          jnp.asarray(greedy))
     return np.asarray(a), np.asarray(lp), np.asarray(v)
@@ -169,6 +187,31 @@ class PolicyRunner:
     """`act` on `inputs` from `decision_inputs` (safe to run in a worker thread)."""
     a, lp, v = self._act(*inputs, obs, key, jnp.asarray(greedy))
     return np.asarray(a), np.asarray(lp), np.asarray(v)
+
+  def act_each(self, obs: dict, key, ids: np.ndarray, greedy: bool, inputs: tuple | None = None):
+    """As `act`, but each decision samples with its own key, decision_key(key, ids[i]) (ids
+    [B, k] integers, one row per decision): a decision's action does not depend on which other
+    decisions share its batch, so batched decisions are the unbatched ones (gp_jax/rl/decisions.py).
+    inputs: from `decision_inputs` (a worker thread's call); None: the runner's current ones."""
+    inputs = inputs if inputs is not None else (self.params, self.hub_features, self.hub_sum,
+                                                self.hub_count)
+    a, lp, v = self._act_each(*inputs, obs, key, jnp.asarray(ids, jnp.uint32), jnp.asarray(greedy))
+    return np.asarray(a), np.asarray(lp), np.asarray(v)
+
+
+def decision_key(key: jax.Array, ids: jax.Array) -> jax.Array:
+  """The sampling key of one decision: `key` folded with each of its ids [k] in turn."""
+  for j in range(ids.shape[0]):
+    key = jax.random.fold_in(key, ids[j])
+  return key
+
+
+def _chosen(logits, sampled, greedy):
+  """(actions [B], their log-probabilities [B]): argmax of the masked logits when greedy, else
+  the sampled actions."""
+  actions = jnp.where(greedy, jnp.argmax(logits, -1), sampled)
+  logp = jnp.take_along_axis(jax.nn.log_softmax(logits), actions[:, None], 1)[:, 0]
+  return actions, logp
 
 
 @dataclasses.dataclass

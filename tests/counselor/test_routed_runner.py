@@ -47,12 +47,19 @@ def test_runner_end_to_end_and_resume(tmp_path):
   summary = rx.run_from_config(config, str(tmp_path), log=logs.append)
   assert (tmp_path / "seeds" / "seed_0.json").exists()
   saved = json.loads((tmp_path / "results.json").read_text())
-  assert saved["seeds"] == [0] and set(saved["methods"]) == {"routed", SMALL, BIG}
+  assert saved["seeds"] == [0] and set(saved["methods"]) == {"routed", rx.TABLE, SMALL, BIG}
+  seed = json.loads((tmp_path / "seeds" / "seed_0.json").read_text())
+  assert set(seed["table"]) == set(rx.KINDS) and set(seed["table"].values()) <= {SMALL, BIG}
+  # the differences are paired per seed: routed minus the reference, seed by seed
+  d = saved["differences"]["table"]["reward"]
+  assert d["mean"] == pytest.approx(seed["methods"]["routed"]["reward"]
+                                    - seed["methods"][rx.TABLE]["reward"])
+  assert d["ci95"] is None and d["n"] == 1   # one seed: no interval
   assert saved["config"] == rx.experiment_config(config).to_json()
   for row in saved["methods"].values():
     assert 0 <= row["em"]["mean"] <= 1 and row["cost_usd_per_q"]["mean"] > 0
   table = (tmp_path / "results.md").read_text()
-  assert "| **routed** |" in table and f"| {BIG} |" in table
+  assert "| **routed** |" in table and f"| {BIG} |" in table and f"| {rx.TABLE} |" in table
   assert summary["methods"]["routed"]["em"]["std"] == 0.0
   logs.clear()
   config.concurrency = 3    # not part of the results: the finished seed is still reused

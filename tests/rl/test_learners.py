@@ -12,9 +12,11 @@ from experiments.configs import test as test_config
 from gp_jax import errors
 from gp_jax.baselines.multi_round import router_r1
 from gp_jax.counselor.routing import router as routing
+from gp_jax.counselor.routing import selector as routing_selector
 from gp_jax.llm import catalog as catalog_lib
 from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import ppo
+from gp_jax.rl import train as rl_train
 from gp_jax.runs import learner as learner_cfg
 from gp_jax.text import encoder as encoder_lib
 
@@ -75,7 +77,7 @@ def test_graphplanner_update_is_the_shared_learner(spy, monkeypatch):
   assert kw["num_updates"] == learner_cfg.num_updates(c)
 
 
-def test_router_r1_and_the_routed_counselor_run_the_shared_learner(spy):
+def test_router_r1_and_the_routed_counselor_run_the_shared_learner(spy, monkeypatch):
   # Router-R1: its update on a small grid batch.
   settings = dataclasses.replace(router_r1.DEFAULT_PPO, epochs=1)
   net = router_r1.R1Net(num_actions=3, hidden=8)
@@ -87,15 +89,32 @@ def test_router_r1_and_the_routed_counselor_run_the_shared_learner(spy):
   update = router_r1.make_update(net, settings)
   update(params, router_r1.make_optimizer(settings).init(params), jax.random.PRNGKey(1), batch)
   assert spy == [settings]
-  # The routed Graph Counselor: Router.update on recorded transitions (GARNet's update).
+  # The routed Graph Counselor: its update of recorded decisions is GARNet's update
+  # (ppo.make_update_fn, tracing ppo.learn with the router's settings) on a TrainingState made by
+  # rl/train's init_state, passed in and out.
+  made = []
+  real_make = ppo.make_update_fn
+
+  def make_update_fn(*args, **kw):
+    made.append(args[2])
+    return real_make(*args, **kw)
+  monkeypatch.setattr(ppo, "make_update_fn", make_update_fn)
   cfg = routing.RouterConfig(hidden=8, num_layers=1, mlp_hidden=8, mem_proj=4, max_rows=4,
-                             update_size=8)
+                             update_size=8, ppo=dataclasses.replace(routing.DEFAULT_PPO, epochs=1))
   llms = ["qwen2.5-7b-instruct", "llama-3.1-8b-instruct"]
   router = routing.make_router(catalog=catalog_lib.load_catalog().select(llms), llms=llms,
                                encoder=encoder_lib.make_encoder("hashing", dim=16), cfg=cfg)
-  obs = router._dummy_obs()
-  eps = [([routing.Transition(obs, 0, -0.7, 0.1), routing.Transition(obs, 1, -0.7, 0.2)],
-          np.array([0.0, 1.0], np.float32)),
-         ([routing.Transition(obs, 1, -0.7, 0.3)], np.array([0.5], np.float32))]
-  metrics = router.update(eps)
+  assert made == [cfg.ppo]
+  state = routing.init_state(router, 0)
+  fresh = rl_train.init_state(router.model, router.featurizer, router.optimizer, 0)
+  assert type(state) is ppo.TrainingState
+  assert jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, state.params, fresh.params))
+  before = jax.tree_util.tree_map(np.array, state.params)
+  obs = router.featurizer.blank("plan")
+  eps = [([routing_selector.Transition(obs, 0, -0.7, 0.1),
+           routing_selector.Transition(obs, 1, -0.7, 0.2)], np.array([0.0, 1.0], np.float32)),
+         ([routing_selector.Transition(obs, 1, -0.7, 0.3)], np.array([0.5], np.float32))]
+  state, metrics = routing.update(router, state, eps, num_episodes=2, num_steps=2)
   assert spy == [settings, cfg.ppo] and np.isfinite(metrics["loss"])
+  assert int(state.update_step) == 1
+  assert not jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, before, state.params))

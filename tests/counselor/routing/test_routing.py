@@ -1,5 +1,4 @@
-"""The simulated counselor backend and the counselor router (runner: ../test_routed_runner.py)."""
-import dataclasses
+"""The simulated counselor backend (the router: test_router.py; the runner: ../test_routed_runner.py)."""
 
 import numpy as np
 import pytest
@@ -101,66 +100,3 @@ def test_wrong_answers_are_near_misses(catalog, academic):
       assert wrong and wrong != gold
   assert pool.wrong_answer("7", rng).lstrip("-").isdigit()
   assert len(pool.wrong_answer("a, b, c", rng).split(", ")) == 2
-
-
-@pytest.fixture(scope="module")
-def tiny_router(catalog):
-  from gp_jax.counselor.routing import router as routing
-  from gp_jax.text import encoder as encoder_lib
-  llms = [SMALL, BIG]
-  cfg = routing.RouterConfig(hidden=16, num_layers=1, mlp_hidden=16, mem_proj=8, max_rows=8,
-                             update_size=64, ppo=dataclasses.replace(
-                                 routing.DEFAULT_PPO, learning_rate=3e-3, entropy_coef=0.0))
-  return lambda seed=0: routing.make_router(catalog=catalog.select(llms), llms=llms,
-                                            encoder=encoder_lib.make_encoder("hashing", dim=64),
-                                            cfg=cfg, seed=seed)
-
-
-def test_router_returns_only_its_llms(academic, catalog, tiny_router):
-  graph, questions, funcs = academic
-  from gp_jax.counselor.routing import router as routing
-  router = tiny_router()
-  pool = sim_pool.SimCounselorPool(catalog, questions, seed=0)
-  for sel in (router.selector(sample=True, seed=1), router.selector()):
-    results = run(routing.run_episodes(questions[:8], select_llm=sel, funcs=funcs, pool=pool,
-                                       counselor_settings={"max_steps": 4}))
-    models = {c.model for r in results for c in r.calls}
-    assert models and models <= {SMALL, BIG}
-  step = records.AgentStep(kind="answer", role="executor", qid="x", question="q", trial=0, step=0,
-                           messages=())
-  with pytest.raises(Exception, match="routes"):
-    run(router.selector()(step))
-
-
-def test_training_moves_the_policy_to_the_dominant_llm(academic, catalog, tiny_router):
-  graph, questions, funcs = academic
-  from gp_jax.counselor.routing import router as routing
-  router = tiny_router(seed=3)
-  # the big model is made far better than the small one, at the same price
-  profiles = simulator.load_profiles(catalog)
-  profiles[BIG] = dataclasses.replace(profiles[BIG], theta={"knowledge_reasoning": 3.0})
-  profiles[SMALL] = dataclasses.replace(profiles[SMALL], theta={"knowledge_reasoning": -3.0})
-  pool = sim_pool.SimCounselorPool(catalog.select([SMALL, BIG]), questions, profiles=profiles)
-  settings = {"max_steps": 4, "max_reflect": 0}
-
-  def big_probability():   # mean policy probability of BIG on the action steps of real runs
-    sel = router.selector(sample=True, seed=5, record=True)
-    run(routing.run_episodes(questions, select_llm=sel, funcs=funcs, pool=pool,
-                             counselor_settings=settings))
-    obs = [t.obs for tr in sel.transitions.values() for t in tr if t.obs["mask"][0] == False
-           and t.obs["mask"][router.featurizer.action("action", BIG)]]
-    probs = []
-    for i in range(0, len(obs), router.batch):
-      logits, _ = router.forward_batch(obs[i:i + router.batch])
-      z = np.exp(logits - logits.max(1, keepdims=True))
-      probs += (z[:, router.featurizer.action("action", BIG)] / z.sum(1)).tolist()
-    return float(np.mean(probs))
-  p0 = big_probability()
-  history = routing.train(router, questions, funcs=funcs, pool=pool, counselor_settings=settings,
-                          settings=routing.TrainSettings(alpha=0.0, episodes=256,
-                                                         batch_questions=16),
-                          log=lambda s: None)
-  p1 = big_probability()
-  assert len(history) == 16 and history[-1]["episodes"] == 256
-  assert p1 > 0.8 and p1 > p0 + 0.25, (p0, p1)
-  assert history[-1]["utility"] > history[0]["utility"]
