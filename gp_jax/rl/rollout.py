@@ -180,13 +180,8 @@ class PolicyRunner:
 
   def decision_inputs(self) -> tuple:
     """A copy of what `act` reads besides the observations (parameters, hub features, history
-    sums), for `act_on` in another thread while this one keeps updating the sums."""
+    sums), for `act_each` in another thread while this one keeps updating the sums."""
     return self.params, self.hub_features, self.hub_sum.copy(), self.hub_count.copy()
-
-  def act_on(self, inputs: tuple, obs: dict, key, greedy: bool):
-    """`act` on `inputs` from `decision_inputs` (safe to run in a worker thread)."""
-    a, lp, v = self._act(*inputs, obs, key, jnp.asarray(greedy))
-    return np.asarray(a), np.asarray(lp), np.asarray(v)
 
   def act_each(self, obs: dict, key, ids: np.ndarray, greedy: bool, inputs: tuple | None = None):
     """As `act`, but each decision samples with its own key, decision_key(key, ids[i]) (ids

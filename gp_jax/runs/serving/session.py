@@ -7,9 +7,10 @@ history memory saved with it) and serves queries:
   -> the root's final answer, every call (role, LLM, tokens, $ cost, latency), usage and cost.
 
 Concurrency (host side, one asyncio loop): every in-flight request puts its observation into a
-`DecisionBatcher`, which scores all observations waiting at that moment with one call of the
-jitted batched policy (rl/rollout.PolicyRunner, batch padded to a few fixed sizes so it compiles
-once per size) and hands each request its action; LLM calls go through the pool (the simulator,
+`DecisionBatcher` (gp_jax/rl/decisions.py, the one decision batcher of concurrent workflows),
+which scores all observations waiting at that moment with one call of the jitted batched policy
+(rl/rollout.PolicyRunner, batch padded to a few fixed sizes so it compiles once per size, in the
+compute thread) and hands each request its greedy action; LLM calls go through the pool (the simulator,
 or the OpenAI-compatible pool with its limits, retries and replicas).
 
 Request flow: `admit` gives a request a workflow slot or one of `max_queue` places waiting for
@@ -45,14 +46,13 @@ import types
 import uuid
 from typing import Callable
 
-import jax
 import ml_collections
 import numpy as np
 
 from gp_jax import errors
 from gp_jax.graph import features as features_lib
-from gp_jax.graph import history as history_lib
 from gp_jax.llm import base
+from gp_jax.rl import decisions
 from gp_jax.rl import rollout
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
@@ -170,106 +170,6 @@ def load_config(workdir, overrides: dict | None = None) -> ml_collections.Config
 
 
 # ---- batched decisions ---------------------------------------------------------------------------
-class DecisionBatcher:
-  """Collects the observations of all in-flight requests and scores them in one jitted call.
-
-  The policy call runs in `executor` (a worker thread) on a copy of the history sums taken on the
-  loop, so the loop keeps serving while it computes and feedback may update the sums meanwhile.
-  """
-
-  def __init__(self, runner: rollout.PolicyRunner, buckets: tuple[int, ...],
-               index: features_lib.RetrievalIndex | None = None,
-               history: history_lib.HistoryMemory | None = None,
-               executor: concurrent.futures.Executor | None = None):
-    self.runner, self.buckets = runner, tuple(sorted(buckets))
-    self.index, self.history = index, history
-    self.executor = executor
-    self._pending: list[tuple[dict, np.ndarray, asyncio.Future]] = []
-    self._wake: asyncio.Event | None = None
-    self._task: asyncio.Task | None = None
-    self._key = jax.random.PRNGKey(0)   # greedy decisions: the key is never used
-    self.calls = 0
-    self.decisions = 0
-    self.act_s = 0.0
-
-  def bucket(self, n: int) -> int:
-    return next(b for b in self.buckets if b >= n)
-
-  def warm_up(self, obs: dict, query_emb: np.ndarray) -> None:
-    """Compiles the policy for every batch size before the first request."""
-    for b in self.buckets:
-      self._run(self.runner.decision_inputs(), self._prepare([obs] * b, [query_emb] * b))
-
-  def _prepare(self, obs: list[dict], q_embs: list[np.ndarray]) -> list[dict]:
-    """The observations with what the loop's state adds (retrieval: the k nearest history rows
-    per query, read on the loop where the history changes)."""
-    if self.index is None:
-      return obs
-    if self.history is not None:
-      self.index.sync(self.history.rows, self.history.hubs)
-    obs = [dict(o) for o in obs]
-    for o, extra in zip(obs, self.index.fields(np.stack(q_embs))):
-      o.update(extra)
-    return obs
-
-  def _run(self, inputs: tuple, obs: list[dict]) -> np.ndarray:
-    """The policy call (any thread): the padded batch, the greedy actions of the real rows."""
-    batch = features_lib.stack(obs, pad_to=self.bucket(len(obs)))
-    actions, _, _ = self.runner.act_on(inputs, batch, self._key, True)
-    return actions[:len(obs)]
-
-  async def decide(self, obs: dict, query_emb: np.ndarray) -> tuple[int, float]:
-    """The greedy action for one observation (awaits the next batched policy call), and this
-    observation's share of that call's time (seconds / batch size)."""
-    if self._task is None or self._task.done():
-      self._wake = asyncio.Event()
-      self._task = asyncio.get_running_loop().create_task(self._serve())
-    fut = asyncio.get_running_loop().create_future()
-    self._pending.append((obs, query_emb, fut))
-    self._wake.set()
-    return await fut
-
-  async def _serve(self) -> None:
-    loop = asyncio.get_running_loop()
-    while True:
-      await self._wake.wait()
-      await asyncio.sleep(0)   # requests whose LLM call finished this tick join the batch
-      self._wake.clear()
-      take = self.buckets[-1]
-      batch, self._pending = self._pending[:take], self._pending[take:]
-      if self._pending:
-        self._wake.set()
-      batch = [b for b in batch if not b[2].done()]   # cancelled requests
-      if not batch:
-        continue
-      t0 = time.perf_counter()
-      try:
-        obs = self._prepare([b[0] for b in batch], [b[1] for b in batch])
-        inputs = self.runner.decision_inputs()   # on the loop: a consistent copy of the sums
-        actions = await loop.run_in_executor(self.executor, self._run, inputs, obs)
-      except Exception as e:   # surfaced to every waiting request, the batcher keeps serving
-        for _, _, fut in batch:
-          if not fut.done():
-            fut.set_exception(e)
-        continue
-      dt = time.perf_counter() - t0
-      self.act_s += dt
-      self.calls += 1
-      self.decisions += len(batch)
-      for (_, _, fut), a in zip(batch, actions):
-        if not fut.done():
-          fut.set_result((int(a), dt / len(batch)))
-
-  async def aclose(self) -> None:
-    if self._task is not None:
-      self._task.cancel()
-      try:
-        await self._task
-      except asyncio.CancelledError:
-        pass
-
-
-# ---- the session -------------------------------------------------------------------------------
 @dataclasses.dataclass
 class Served:
   """One answered request: the answer and the record logged for it (store.RouteLog)."""
@@ -395,9 +295,10 @@ class RouterSession:
     # One worker thread for the router's compute (policy calls, text encoding): off the event
     # loop, one at a time (JAX uses its own threads within a call).
     self._compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="router-compute")
-    self.batcher = DecisionBatcher(self.runner, buckets, index=self._new_index(),
-                                   history=self.history if self.reads_memory else None,
-                                   executor=self._compute)
+    self._index = self._new_index()
+    self.batcher = decisions.DecisionBatcher(
+        self.runner, buckets, greedy=True, executor=self._compute,
+        prepare=self._with_retrieval if self._index is not None else None)
     self.memory.attach(self.runner, self.params, on_evict=self._reset_index)
     q = self.make_query("warm-up question", self.default_task)
     t_emb, q_emb = self.featurizer.encoder.encode([self.describe(q)[0], q.query])
@@ -525,7 +426,8 @@ class RouterSession:
         obs, dt = await self._off_loop(self.featurizer.observe, state, t_emb, q_emb, rows,
                                        self.env.mask(state))
         compute_s += dt
-        action, policy_s = await self.batcher.decide(obs, q_emb)
+        decision = await self.batcher.decide(obs, extra=q_emb)
+        action, policy_s = decision.action, decision.seconds
         compute_s += policy_s
         decisions += 1
         # The root's Executor ends the episode: its answer is the request's answer.
@@ -630,8 +532,18 @@ class RouterSession:
     return features_lib.RetrievalIndex(self.featurizer, k) if k else None
 
   def _reset_index(self) -> None:
-    if self.batcher.index is not None:   # retrieval ablation: rebuilt after evictions
-      self.batcher.index = self._new_index()
+    if self._index is not None:   # retrieval ablation: rebuilt after evictions
+      self._index = self._new_index()
+
+  def _with_retrieval(self, obs: list[dict], q_embs: list[np.ndarray]) -> list[dict]:
+    """The retrieval ablation's observations: each with the k history rows nearest its query,
+    read on the loop, where the history changes (the batcher's prepare step)."""
+    if self.reads_memory:
+      self._index.sync(self.history.rows, self.history.hubs)
+    obs = [dict(o) for o in obs]
+    for o, extra in zip(obs, self._index.fields(np.stack(q_embs))):
+      o.update(extra)
+    return obs
 
   async def _stored(self, fn, *args):
     """fn(*args) on the store's threads."""

@@ -371,17 +371,17 @@ def test_on_the_simulator_context_keeps_the_query_and_compute_runs_off_the_loop(
   from gp_jax.runs.serving import session as session_lib
   s = session_lib.RouterSession(session_lib.load_config(workdir, {}), workdir, max_concurrency=2)
   threads = set()
-  act_on, encode = s.runner.act_on, s.featurizer.encoder.encode
+  act_each, encode = s.runner.act_each, s.featurizer.encoder.encode
 
   def spy_act(*a, **k):
     threads.add(("policy", threading.current_thread().name))
-    return act_on(*a, **k)
+    return act_each(*a, **k)
 
   def spy_encode(*a, **k):
     threads.add(("encode", threading.current_thread().name))
     return encode(*a, **k)
 
-  s.runner.act_on = spy_act
+  s.runner.act_each = spy_act
   s.featurizer.encoder.encode = spy_encode
   context = conversation.render([{"role": "system", "content": "Question: not the query"},
                                  {"role": "user", "content": QUERY}])

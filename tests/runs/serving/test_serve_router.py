@@ -410,3 +410,34 @@ def test_history_sums_stay_exact_while_a_full_memory_evicts(workdir):
   s.runner.set_params(s.params, s.history)
   np.testing.assert_allclose(kept_count, s.runner.hub_count)
   np.testing.assert_allclose(kept_sum, s.runner.hub_sum, rtol=1e-4, atol=1e-4)
+
+
+def test_retrieval_router_serves_through_the_shared_batcher(tmp_path):
+  """A router trained in the retrieval mode, served in process: concurrent requests share policy
+  calls (the batcher's prepare step adds each query's nearest history rows on the loop) and get
+  the routes they get one at a time (batching changes the speed, not the decisions); feedback
+  rebuilds the retrieval index and serving goes on."""
+  from gp_jax.runs import pipeline
+  from gp_jax.runs.serving import session as session_lib
+  cfg = test_config.get_config()
+  cfg.model.history = "retrieval"
+  wd = tmp_path / "retrieval"
+  pipeline.train_and_evaluate(cfg, wd, evaluate=False, verbose=False)
+  s = session_lib.RouterSession(session_lib.load_config(wd, {}), wd, max_concurrency=8)
+  assert s.batcher.prepare is not None
+  texts = [f"{QUERY} #{i}" for i in range(8)]
+  route = lambda served: [(c["role"], c["llm"]) for c in served.record["calls"]]
+
+  async def run():
+    together = await asyncio.gather(*[s.complete(t, rid=f"r{i}") for i, t in enumerate(texts)])
+    calls = s.batcher.calls
+    alone = [await s.complete(t, rid=f"r{i}") for i, t in enumerate(texts)]
+    await s.feedback(alone[0].record["id"], 1.0)
+    after = await s.complete(texts[1], rid="after")
+    await s.aclose()
+    return together, alone, calls, after
+
+  together, alone, calls, after = asyncio.run(run())
+  assert calls < sum(t.record["timing"]["decisions"] for t in together)   # shared policy calls
+  assert [route(t) for t in together] == [route(a) for a in alone]
+  assert route(after)
