@@ -8,8 +8,8 @@ overhead per decision (server time minus time awaiting backbones, divided by the
 decisions; p50/p99 over requests; it includes waiting for the event loop while other requests'
 work runs), the router's own compute per decision (features, the request's share of the batched
 policy call; no waiting); and, on the test server, throughput against the ideal that backbone
-latency and concurrency allow (clients / (calls per request x latency)). On the simulator the
-backbone time is the simulator's own CPU work in the server process.
+latency and concurrency allow (min(clients, max_concurrency) / (calls per request x latency)).
+On the simulator the backbone time is the simulator's own CPU work in the server process.
 
 Side by side, in the same run and server, each client count is also run as plain pass-through
 requests (the same texts sent to one backbone by name: one call, no routing), so the routed
@@ -91,7 +91,7 @@ async def load(url: str, clients: int, requests: int, model: str, timeout_s: flo
   return dict(records=out, wall=wall, status=status)
 
 
-def summarise(res: dict, clients: int, latency_s: float | None) -> dict:
+def summarise(res: dict, clients: int, latency_s: float | None, slots: int) -> dict:
   r = res["records"]
   if not r:
     return dict(clients=clients, requests=0, rps=0.0, p50=np.nan, p99=np.nan, over50=np.nan,
@@ -110,8 +110,8 @@ def summarise(res: dict, clients: int, latency_s: float | None) -> dict:
              work50=np.percentile(work, 50) * 1e3, work99=np.percentile(work, 99) * 1e3,
              rest50=np.percentile(rest, 50) * 1e3, rest99=np.percentile(rest, 99) * 1e3,
              calls=calls, ideal=None, **res["status"])
-  if latency_s:
-    row["ideal"] = clients / (calls * latency_s)
+  if latency_s:   # at most `slots` workflows run at once (the server's max_concurrency)
+    row["ideal"] = min(clients, slots) / (calls * latency_s)
   return row
 
 
@@ -170,7 +170,7 @@ def main():
         for kind, model in [("routed", "graphplanner")] + (
             [("pass-through", llms[0])] if args.passthrough else []):
           res = asyncio.run(load(srv.url, c, args.requests, model, args.timeout_s))
-          row = summarise(res, c, latency)
+          row = summarise(res, c, latency, args.max_concurrency)
           row["backend"], row["kind"] = backend, kind
           rows.append(row)
           print(f"{backend} {kind} x{c}: {row['rps']:.1f} req/s, 429: {row['429']}, "
@@ -183,7 +183,7 @@ def main():
   print(f"\nrouter server, {args.requests} requests per client, test-server latency "
         f"{args.latency_s:g} s per call, max_concurrency {args.max_concurrency}, "
         f"{'server on its own core' if args.pin else 'no pinning'}, client timeout "
-        f"{args.timeout_s:g} s\n")
+        f"{args.timeout_s:g} s, server flags: {args.server_args or '(defaults)'}\n")
   print("| backend | kind | clients | answered | 429 | timeouts | req/s | p50 latency (s) | "
         "p99 latency (s) | router overhead per decision p50 / p99 (ms) | router compute per "
         "decision p50 / p99 (ms) | client-seen non-backbone time per request p50 / p99 (ms) | LLM "
