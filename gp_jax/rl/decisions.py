@@ -28,6 +28,7 @@ import numpy as np
 
 from gp_jax.graph import features as features_lib
 from gp_jax.rl import rollout
+from gp_jax.util import aio
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,9 +166,4 @@ class DecisionBatcher:
 
   async def aclose(self) -> None:
     """Stops the batching task (decisions still waiting are cancelled with it)."""
-    if self._task is not None:
-      self._task.cancel()
-      try:
-        await self._task
-      except asyncio.CancelledError:
-        pass
+    await aio.cancel_and_wait(self._task)

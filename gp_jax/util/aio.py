@@ -26,6 +26,17 @@ def run(coro):
   return loop.run_until_complete(coro)
 
 
+async def cancel_and_wait(task: asyncio.Task | None) -> None:
+  """Cancels a background task (None: nothing) and waits until it has stopped."""
+  if task is None:
+    return
+  task.cancel()
+  try:
+    await task
+  except asyncio.CancelledError:
+    pass
+
+
 def shutdown() -> None:
   """Cancels the pending tasks of every reused loop that is not running, waits for them, closes it."""
   with _lock:

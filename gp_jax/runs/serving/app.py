@@ -607,7 +607,7 @@ async def feedback(request: web.Request) -> web.Response:
   if rec is not None and not auth.may_feedback(who, rec):
     # Exactly the unknown-id answer: a client cannot tell another key's id from a made-up one.
     raise RequestError(404, f"no served completion with id {rid!r}", "unknown_id", "id")
-  out = await s.feedback(rid, float(score), key=who.name)
+  out = await s.feedback(rid, float(score), key=who.name, record=rec)
   return web.json_response(dict(out, object="feedback"))
 
 

@@ -63,6 +63,7 @@ from gp_jax.runs.serving import store
 from gp_jax.runs.serving import store_api
 from gp_jax.sim import simulator as sim
 from gp_jax.types import Query
+from gp_jax.util import aio
 from gp_jax.workflow import env as env_lib
 from gp_jax.workflow import mdp
 from gp_jax.workflow import prompts
@@ -579,9 +580,12 @@ class RouterSession:
         logging.getLogger(__name__).exception("memory sync failed")
       self._maybe_compact()
 
-  async def feedback(self, rid: str, score: float, *, key: str | None = None) -> dict:
+  async def feedback(self, rid: str, score: float, *, key: str | None = None,
+                     record: dict | None = None) -> dict:
     """Adds a served request's calls to the history memory with utility `score`, once the store
     holds them durably. `key`: the name of the API key that sent it (None without keys).
+    `record`: the route record of `rid` when the caller has already read it (one store read per
+    feedback instead of two); read here otherwise.
 
     Raises:
       RequestError: unknown id (404), feedback already given or being written (409), score
@@ -591,7 +595,7 @@ class RouterSession:
     if not 0.0 <= score <= 1.0:
       raise RequestError(400, f"score must be a number in [0, 1], got {score}", "invalid_score",
                          "score")
-    rec = await self.route(rid)
+    rec = record if record is not None else await self.route(rid)
     if rec is None:
       raise RequestError(404, f"no served completion with id {rid!r}", "unknown_id", "id")
     duplicate = RequestError(409, f"completion {rid!r} already has feedback",
@@ -689,12 +693,7 @@ class RouterSession:
 
   async def aclose(self) -> None:
     await self.batcher.aclose()
-    if self._sync_task is not None:
-      self._sync_task.cancel()
-      try:
-        await self._sync_task
-      except asyncio.CancelledError:
-        pass
+    await aio.cancel_and_wait(self._sync_task)
     try:
       if self._compacting is not None:
         await self._compacting

@@ -119,7 +119,7 @@ class _StubSession:
   async def routes_since(self, t, limit):
     return [r for r in self.records.values() if r["created"] > t][:limit]
 
-  async def feedback(self, rid, score, *, key=None):
+  async def feedback(self, rid, score, *, key=None, record=None):
     if rid not in self.records:
       raise app_lib.RequestError(404, f"no served completion with id {rid!r}", "unknown_id", "id")
     self.given.append((rid, score, key))
