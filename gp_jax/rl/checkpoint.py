@@ -39,6 +39,7 @@ import sys
 import tempfile
 import threading
 import time
+import warnings
 from typing import Callable
 
 import jax
@@ -328,7 +329,9 @@ def _held_stderr(settle_s: float = 0.5):
   writes still pending complete on orbax's closed event loop and print one traceback each
   ("Event loop is closed", "cannot schedule new futures after shutdown", never-awaited
   coroutines): hundreds of lines that say nothing the one error line does not. After a failure
-  they are given `settle_s` and a garbage collection to arrive while held.
+  they are given `settle_s` and a garbage collection to arrive while held, and the warnings of
+  the failed save's coroutines that are collected later still (at exit, on a busy machine) are
+  ignored from then on.
   """
   with tempfile.TemporaryFile() as held:
     sys.stderr.flush()
@@ -340,6 +343,8 @@ def _held_stderr(settle_s: float = 0.5):
       ok = True
     finally:
       if not ok:
+        warnings.filterwarnings("ignore", category=RuntimeWarning,
+                                message=r"coroutine '.*' was never awaited")
         time.sleep(settle_s)
         gc.collect()
       sys.stderr.flush()
