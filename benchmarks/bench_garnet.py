@@ -41,7 +41,7 @@ from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import parallel
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
-from gp_jax.rl import train as train_lib
+from gp_jax.rl import loop as loop_lib
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 
@@ -103,7 +103,7 @@ def main(argv):
                              gamma=0.99, gae_lambda=0.95, value_coef=0.5, entropy_coef=0.01,
                              max_grad_norm=0.5, value_lr_multiplier=2.0)
   opt = ppo.make_optimizer(settings)
-  state0 = train_lib.init_state(model, sysm.featurizer, opt, 0)
+  state0 = loop_lib.init_state(model, sysm.featurizer, opt, 0)
   mesh = parallel.make_mesh(_DEVICES.value)
   local_mesh = parallel.make_mesh(_DEVICES.value, local=True)
   T = 32

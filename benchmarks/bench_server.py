@@ -18,7 +18,7 @@ answered 429 (the server's bounded queue is full) and requests that time out (--
 counted, not retried. With --pin (default on machines with 2 or more cores) the server process
 runs on core 0 and this load generator and the test server on core 1.
 
-  python benchmarks/bench_server.py [--workdir runs/alpha0.5] [--latency_s 0.2] \
+  python benchmarks/bench_server.py [--workdir workdirs/alpha0.5] [--latency_s 0.2] \
       [--clients 1,16,64,256] [--max_concurrency 64] [--server_args=--max_queue=128]
 
 Without --workdir a router is trained with experiments/configs/test.py into a temporary folder.

@@ -2,7 +2,7 @@ r"""Routed Graph Counselor: GraphPlanner's router picks the backbone of every ag
 with one fixed LLM for all agents, on the simulated counselor backend (no real LLM, CPU only).
 
   # default size (academic 'small' graph, 150 train / 70 test questions, 3 seeds)
-  python -m experiments.counselor_routed --workdir=runs/counselor_routed
+  python -m experiments.counselor_routed --workdir=workdirs/counselor_routed
 
   # CI size (about a minute on 2 CPU cores)
   python -m experiments.counselor_routed --config=experiments/configs/counselor_routed.py:test \

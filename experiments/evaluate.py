@@ -1,6 +1,6 @@
 """Evaluates a trained router (best checkpoint of --workdir) against baselines and the optimum.
 
-  python -m experiments.evaluate --config=experiments/configs/default.py --workdir=runs/default
+  python -m experiments.evaluate --config=experiments/configs/default.py --workdir=workdirs/default
   --config.model.history=inductive evaluates with an empty history graph.
 """
 from absl import flags
@@ -9,7 +9,7 @@ from experiments import common
 from gp_jax.runs import pipeline
 
 _CONFIG = common.define_config("experiments/configs/default.py", "Run config.")
-_WORKDIR = flags.DEFINE_string("workdir", "runs/default", "Workdir of a training run.")
+_WORKDIR = flags.DEFINE_string("workdir", "workdirs/default", "Workdir of a training run.")
 _TAG = flags.DEFINE_string("tag", "eval", "Name of the report files written in the workdir.")
 
 

@@ -1,6 +1,6 @@
 """Writes a router server's route log as LLMRouter routing rows (one per LLM call).
 
-  python -m experiments.export_routes --route_log=runs/alpha0.5/served/routes.jsonl --out=routes.jsonl
+  python -m experiments.export_routes --route_log=workdirs/alpha0.5/served/routes.jsonl --out=routes.jsonl
   python -m experiments.export_routes --url=http://127.0.0.1:8080 --out=routes.csv
 
 Columns: task_name, query, ground_truth, metric, model_name, response, performance, token_num.

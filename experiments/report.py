@@ -1,9 +1,9 @@
 """Markdown reports with figures.
 
-  python -m experiments.report --root=runs --out=docs/report.md     every experiment under runs/
-  python -m experiments.report --workdir=runs/sweep [--out=...]     one alpha sweep only
---root reads runs/sweep (alpha sweep), runs/studies/<study> (phases, unseen, ablations, roles) and
-runs/counselor_routed (routed Graph Counselor); PNG figures are written next to --out.
+  python -m experiments.report --root=runs --out=docs/report.md     every experiment under workdirs/
+  python -m experiments.report --workdir=workdirs/sweep [--out=...]     one alpha sweep only
+--root reads workdirs/sweep (alpha sweep), workdirs/studies/<study> (phases, unseen, ablations, roles) and
+workdirs/counselor_routed (routed Graph Counselor); PNG figures are written next to --out.
 """
 from absl import flags
 

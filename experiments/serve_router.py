@@ -1,8 +1,8 @@
 """Serves a trained router over an OpenAI-compatible API (docs/serving.md).
 
-  python -m experiments.serve_router --workdir=runs/alpha0.5 --port=8080 \
-      --memory_path=runs/alpha0.5/served/memory.npz
-  python -m experiments.serve_router --workdir=runs/alpha0.5 --port=8080 \
+  python -m experiments.serve_router --workdir=workdirs/alpha0.5 --port=8080 \
+      --memory_path=workdirs/alpha0.5/served/memory.npz
+  python -m experiments.serve_router --workdir=workdirs/alpha0.5 --port=8080 \
       --memory_url=postgresql://router@db/gp_jax      # replicas sharing one memory
 
 The workdir's recorded config and best checkpoint define the router; --config.* may change only
@@ -27,7 +27,7 @@ from gp_jax.runs.serving import store
 _CONFIG = common.define_config("experiments/configs/default.py",
                                "Only --config.* overrides are read (the workdir's config.json is "
                                "the config); see gp_jax/runs/serving/session.SERVE_OVERRIDABLE.")
-_WORKDIR = flags.DEFINE_string("workdir", "runs/alpha0.5", "Workdir of a training run.")
+_WORKDIR = flags.DEFINE_string("workdir", "workdirs/alpha0.5", "Workdir of a training run.")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.")
 _PORT = flags.DEFINE_integer("port", 8080, "Port (0: a free one, printed at start).")
 _MAX_CONCURRENCY = flags.DEFINE_integer("max_concurrency", 64,

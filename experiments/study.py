@@ -1,6 +1,6 @@
 """Runs one study (Phase 1 vs 2, unseen tasks/LLMs, ablations, new roles) into a workdir.
 
-  python -m experiments.study --study=phases --workdir=runs/studies/phases
+  python -m experiments.study --study=phases --workdir=workdirs/studies/phases
   python -m experiments.study --study=ablations --config=experiments/configs/study.py:test --workdir=/tmp/abl
   python -m experiments.study --study=drift --config=experiments/configs/study.py:test --workdir=/tmp/drift
 Rerunning skips finished (variant, seed) cells and resumes interrupted training. Studies:
@@ -18,7 +18,7 @@ from gp_jax.runs.studies import runner
 _CONFIG = common.define_config("experiments/configs/study.py", "Study config.")
 _STUDY = flags.DEFINE_string("study", None, "phases | unseen | ablations | roles | drift",
                              required=True)
-_WORKDIR = flags.DEFINE_string("workdir", None, "Study directory (default runs/studies/<study>).")
+_WORKDIR = flags.DEFINE_string("workdir", None, "Study directory (default workdirs/studies/<study>).")
 
 
 @common.user_errors_exit_2
@@ -27,14 +27,14 @@ def main(argv):
   c = _CONFIG.value
   s = c.study
   if _STUDY.value == drift.STUDY:   # pool events: its own cells (per-query rewards) and report
-    workdir = _WORKDIR.value or f"runs/studies/{drift.STUDY}"
+    workdir = _WORKDIR.value or f"workdirs/studies/{drift.STUDY}"
     res = drift.DriftRunner(c, workdir).run(config_lists.numbers(s.seeds, "study.seeds", int))
     print(f"ran {len(res['ran'])} cells, skipped {len(res['skipped'])} finished ones, in "
           f"{res['seconds']:.0f}s; report: {drift.write_report(workdir)}")
     return
   variants = definitions.variants(_STUDY.value, c)
   kwargs = dict(knn_k=int(s.knn_k), mlp_hidden=int(s.mlp_hidden), steps=int(s.router_steps))
-  workdir = _WORKDIR.value or f"runs/studies/{_STUDY.value}"
+  workdir = _WORKDIR.value or f"workdirs/studies/{_STUDY.value}"
   common.check_workdir(workdir, must_exist=False)
   res = runner.StudyRunner(c, workdir, _STUDY.value, variants, router_kwargs=kwargs).run(
       config_lists.numbers(s.seeds, "study.seeds", int))

@@ -1,6 +1,6 @@
 """The alpha sweep: GraphPlanner, single-round routers, single LLMs, random and the DP optimum.
 
-  python -m experiments.sweep --workdir=runs/sweep
+  python -m experiments.sweep --workdir=workdirs/sweep
   python -m experiments.sweep --config=experiments/configs/sweep.py:test --workdir=/tmp/sweep
 Rerunning the same command skips finished (alpha, seed) cells. Then: python -m experiments.report.
 """
@@ -10,7 +10,7 @@ from experiments import common
 from gp_jax.runs import sweep
 
 _CONFIG = common.define_config("experiments/configs/sweep.py", "Sweep config.")
-_WORKDIR = flags.DEFINE_string("workdir", "runs/sweep", "Sweep directory (cells, labels).")
+_WORKDIR = flags.DEFINE_string("workdir", "workdirs/sweep", "Sweep directory (cells, labels).")
 
 
 @common.user_errors_exit_2

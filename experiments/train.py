@@ -1,6 +1,6 @@
 """Trains a GraphPlanner router, then evaluates it against baselines and the exact optimum.
 
-  python -m experiments.train --config=experiments/configs/default.py --workdir=runs/default
+  python -m experiments.train --config=experiments/configs/default.py --workdir=workdirs/default
   python -m experiments.train --config=experiments/configs/default.py:... --config.alpha=0
 Rerunning the same command resumes from the latest checkpoint in --workdir.
 """
@@ -10,7 +10,7 @@ from experiments import common
 from gp_jax.runs import pipeline
 
 _CONFIG = common.define_config("experiments/configs/default.py", "Run config.")
-_WORKDIR = flags.DEFINE_string("workdir", "runs/default", "Checkpoints, metrics and reports.")
+_WORKDIR = flags.DEFINE_string("workdir", "workdirs/default", "Checkpoints, metrics and reports.")
 _EVALUATE = flags.DEFINE_bool("evaluate", True, "Evaluate after training.")
 
 

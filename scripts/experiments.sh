@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every experiment of the paper on the simulated pool (the alpha sweep, the studies phases, unseen,
 # ablations, roles and drift (twice: history by mean and by retrieval), the routed Graph Counselor), then one report with figures.
-#   bash scripts/experiments.sh          CPU size: runs/experiments/, report -> docs/report.md
-#   bash scripts/experiments.sh test     CI size:  runs/experiments_test/, report next to it
+#   bash scripts/experiments.sh          CPU size: workdirs/experiments/, report -> docs/report.md
+#   bash scripts/experiments.sh test     CI size:  workdirs/experiments_test/, report next to it
 # Each runner is resumable: rerunning skips finished cells and resumes interrupted training.
 # Extra arguments after the size go to every study and sweep run, so they must name fields both
 # configs have (e.g. --config.train.episodes=2000).
@@ -12,8 +12,8 @@ source scripts/env.sh
 size="${1:-default}"
 shift || true
 case "$size" in
-  default) suffix="";      root="runs/experiments";      out="docs/report.md"; drift_seeds="0,1,2" ;;
-  test)    suffix=":test"; root="runs/experiments_test"; out="$root/report.md"; drift_seeds="0" ;;
+  default) suffix="";      root="workdirs/experiments";      out="docs/report.md"; drift_seeds="0,1,2" ;;
+  test)    suffix=":test"; root="workdirs/experiments_test"; out="$root/report.md"; drift_seeds="0" ;;
   *) echo "error: unknown size '$size' (use default or test)" >&2; exit 2 ;;
 esac
 mkdir -p "$root/studies"

@@ -17,9 +17,9 @@ from gp_jax.graph import history as history_lib
 from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
-from gp_jax.rl import train as train_lib
+from gp_jax.rl import loop as loop_lib
 from gp_jax.runs import evaluate as evaluation
-from gp_jax.runs import learner as learner_cfg
+from gp_jax.runs import ppo_config
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 
@@ -202,7 +202,7 @@ def test_update_sees_what_decisions_saw_without_retracing(sysm, mode):
                              max_grad_norm=0.5, value_lr_multiplier=2.0)
   opt = ppo.make_optimizer(settings)
   update = ppo.make_update_fn(model, opt, settings, num_chunks=bsz + 1, max_traces=1)
-  state = train_lib.init_state(model, feat, opt, 0)
+  state = loop_lib.init_state(model, feat, opt, 0)
   history = history_lib.HistoryMemory(feat.spec.row_dim, A, capacity=400)
   runner = rollout.PolicyRunner(model, feat.hub_features, 8, max_traces=1, featurizer=feat)
   runner.set_params(state.params, history)
@@ -215,7 +215,7 @@ def test_update_sees_what_decisions_saw_without_retracing(sysm, mode):
                                            greedy=False, history=history, grow_history=True,
                                            seed_salt=("ablation", it)))
     batch, hist = batch_lib.build_batch(eps, None, batch_size=bsz, num_episodes=8,
-                                        max_calls=learner_cfg.max_calls(sysm), num_hubs=A)
+                                        max_calls=ppo_config.max_calls(sysm), num_hubs=A)
     tr = batch.transitions
     if mode == "summary":
       hist["summary"] = runner.history_input_array()

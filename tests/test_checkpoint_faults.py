@@ -22,7 +22,7 @@ from gp_jax import files
 from gp_jax.graph import history as history_lib
 from gp_jax.rl import checkpoint as checkpoint_lib
 from gp_jax.rl import rollout
-from gp_jax.rl import train as train_lib
+from gp_jax.rl import loop as loop_lib
 from gp_jax.runs import pipeline
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
@@ -235,11 +235,11 @@ def test_damaged_best_is_an_error_at_evaluation(whole, system, tmp_path):
 def test_partial_last_metrics_line_is_dropped(tmp_path):
   path = tmp_path / "metrics.jsonl"
   path.write_text('{"iteration": 0}\n{"iteration": 1}\n{"iterat')
-  train_lib.MetricsLog(path, 1)
+  loop_lib.MetricsLog(path, 1)
   assert path.read_text() == '{"iteration": 0}\n{"iteration": 1}\n'
   path.write_text('{"iteration": 0}\n{"iterat\n{"iteration": 2}\n')
   with pytest.raises(errors.DataError, match="line 2: not valid JSON"):
-    train_lib.MetricsLog(path, 2)
+    loop_lib.MetricsLog(path, 2)
 
 
 @pytest.mark.parametrize("background", [False, True])

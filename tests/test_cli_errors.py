@@ -72,7 +72,7 @@ def test_bad_input_is_one_line_exit_2_and_creates_nothing(tmp_path):
     assert all(w in lines[0] for w in words), (name, lines[0])
     assert out == "", (name, out)
   assert sorted(p.relative_to(tmp_path) for p in tmp_path.rglob("*")) == before
-  assert not (cwd / "runs").exists()
+  assert not (cwd / "workdirs").exists()
 
 
 def test_check_workdir(tmp_path, monkeypatch):

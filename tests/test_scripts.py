@@ -54,7 +54,7 @@ def test_train_sh_names_its_logs_first_and_shows_progress(tmp_path):
   """scripts/train.sh as a user runs it (both alphas side by side), made small by flags: the log
   files are named before anything else, then each run's progress lines (with an ETA) appear on
   the terminal while it runs, then the summaries."""
-  env = dict(os.environ, GP_JAX_RUNS=str(tmp_path / "runs"), GP_JAX_PROGRESS_EVERY="0")
+  env = dict(os.environ, GP_JAX_WORKDIRS=str(tmp_path / "workdirs"), GP_JAX_PROGRESS_EVERY="0")
   t0 = time.time()
   proc = subprocess.Popen(
       ["bash", str(REPO / "scripts/train.sh"), "--config.train.episodes=256",
@@ -67,7 +67,7 @@ def test_train_sh_names_its_logs_first_and_shows_progress(tmp_path):
   assert proc.wait(timeout=600) == 0, "\n".join(l for _, l in seen)[-3000:]
   lines = [l for _, l in seen]
   assert lines[0].startswith("[train.sh] training at alpha 0.0 0.5 side by side; full logs: ")
-  assert f"{tmp_path}/runs/alpha0.0.log" in lines[0] and f"{tmp_path}/runs/alpha0.5.log" in lines[0]
+  assert f"{tmp_path}/workdirs/alpha0.0.log" in lines[0] and f"{tmp_path}/workdirs/alpha0.5.log" in lines[0]
   for alpha in ("0.0", "0.5"):
     progress = [(t, l) for t, l in seen if l.startswith(f"alpha {alpha}  [train] ")]
     assert any(re.search(r"\d+/8 iter .*ETA \d", l) for _, l in progress), progress
@@ -75,7 +75,7 @@ def test_train_sh_names_its_logs_first_and_shows_progress(tmp_path):
     # progress shows up while training runs, long before the summary at the end
     first_eta = min(t for t, l in progress if "ETA" in l)
     assert first_eta < seen[-1][0] - 2
-    assert (tmp_path / "runs" / f"alpha{alpha}.log").exists()
+    assert (tmp_path / "workdirs" / f"alpha{alpha}.log").exists()
   assert "\r" not in "".join(lines)
   assert any(l.startswith("== alpha = 0.5 (log: ") for l in lines)
   assert any(l.startswith("| GraphPlanner |") for l in lines)

@@ -25,7 +25,7 @@ from gp_jax.counselor.agents.loop import (DEFAULT_SAMPLING, parse_verdict,  # no
 from gp_jax.counselor.agents.records import (AGENT_KINDS, AGENT_ROLES, AgentStep,  # noqa: F401
                                              CallRecord, CounselorResult, LLMSelector,
                                              TrialResult, fixed_selector)
-from gp_jax.counselor.eval.evaluate import METHODS, run_method  # noqa: F401
+from gp_jax.counselor.eval.harness import METHODS, run_method  # noqa: F401
 from gp_jax.counselor.kg.data import GraphQuestion, load_questions, save_questions  # noqa: F401
 from gp_jax.counselor.kg.functions import GraphFunctions, make_functions  # noqa: F401
 from gp_jax.counselor.kg.graph_store import (KnowledgeGraph, from_json_dict,  # noqa: F401

@@ -21,7 +21,7 @@ from typing import Any, Callable, Mapping
 from gp_jax import errors
 from gp_jax import paths
 from gp_jax.counselor.agents import records
-from gp_jax.counselor.eval import evaluate as evaluate_lib
+from gp_jax.counselor.eval import harness
 from gp_jax.counselor.kg import data as data_lib
 from gp_jax.counselor.kg import functions as functions_lib
 from gp_jax.counselor.kg import graph_store
@@ -151,17 +151,17 @@ def run_experiment(*, graph_path: str, questions_path: str, method: str = "couns
                      what=f"{len(questions)} questions; method {method}, pool {pool}", log=log)
   preds = _answer(questions, method=method, funcs=funcs, pool=llm_pool, select_llm=select_llm,
                   judge=judge, concurrency=concurrency, settings=settings or {}, log=log)
-  summary = evaluate_lib.summarize(preds)
-  log(evaluate_lib.format_summary(summary))
+  summary = harness.summarize(preds)
+  log(harness.format_summary(summary))
   if out_path:
-    evaluate_lib.write_predictions(preds, out_path)
+    harness.write_predictions(preds, out_path)
     log(f"predictions written to {out_path}")
   return summary
 
 
 def _check_choices(method: str, pool: str, limit: int) -> None:
-  if method not in evaluate_lib.METHODS:
-    raise errors.unknown_name("method", method, evaluate_lib.METHODS)
+  if method not in harness.METHODS:
+    raise errors.unknown_name("method", method, harness.METHODS)
   if pool not in POOLS:
     raise errors.unknown_name("pool", pool, POOLS)
   if limit < 0:
@@ -187,7 +187,7 @@ def _answer(questions: list[data_lib.GraphQuestion], *, method: str,
             funcs: functions_lib.GraphFunctions, pool: base.LLMPool,
             select_llm: records.LLMSelector, judge: str, concurrency: int,
             settings: Mapping[str, Any], log: Callable[[str], None]
-            ) -> list[evaluate_lib.Prediction]:
+            ) -> list[harness.Prediction]:
   """The method's scored predictions on every question (progress every tenth); closes the pool."""
   done = [0]
 
@@ -198,7 +198,7 @@ def _answer(questions: list[data_lib.GraphQuestion], *, method: str,
 
   async def go():
     try:
-      return await evaluate_lib.evaluate(
+      return await harness.evaluate(
           questions, method=method, funcs=funcs, pool=pool, select_llm=select_llm,
           judge_model=judge or None, concurrency=concurrency, settings=settings,
           on_done=progress)
@@ -249,7 +249,7 @@ def generate_from_config(config, out_dir: str, *, log: Callable[[str], None] = p
 
 async def sample_trial(pool: base.LLMPool, model: str, *, domain: str = "academic",
                        question_index: int = 0, max_steps: int = 3, max_reflect: int = 0,
-                       judge: bool = True, encoder: str = "hashing") -> evaluate_lib.Prediction:
+                       judge: bool = True, encoder: str = "hashing") -> harness.Prediction:
   """One Graph Counselor run on a committed sample question, scored: the smoke test of a backend.
 
   Args:
@@ -268,7 +268,7 @@ async def sample_trial(pool: base.LLMPool, model: str, *, domain: str = "academi
   q = questions[question_index]
   funcs = functions_lib.make_functions(graph_store.load_graph(folder / "graph.json"),
                                        encoder_lib.make_encoder(encoder))
-  result = await evaluate_lib.run_method(
+  result = await harness.run_method(
       "counselor", q.question, funcs=funcs, pool=pool, select_llm=records.fixed_selector(model),
       qid=q.qid, max_steps=max_steps, max_reflect=max_reflect, record_prompts=True)
-  return await evaluate_lib.score(q, result, pool=pool, judge_model=model if judge else None)
+  return await harness.score(q, result, pool=pool, judge_model=model if judge else None)

@@ -26,7 +26,7 @@ from gp_jax.baselines import labels as labels_lib
 from gp_jax.baselines import multi_round
 from gp_jax.baselines import single_round
 from gp_jax.runs import evaluate as evaluation
-from gp_jax.runs import learner as learner_cfg
+from gp_jax.runs import ppo_config
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
@@ -186,7 +186,7 @@ def multi_kwargs_from_config(config) -> dict:
   return dict(knn_k=int(s.knn_k), router_llm=str(s.get("router_llm", "")),
               r1_hidden=int(s.get("r1_hidden", 64)), r1_episodes=int(s.get("r1_episodes", 512)),
               r1_batch=int(s.get("r1_batch", 32)), r1_reward=str(config.train.reward),
-              r1_ppo=learner_cfg.router_r1_settings(config))
+              r1_ppo=ppo_config.router_r1_settings(config))
 
 
 def sweep_from_config(config, workdir, *, verbose: bool = True) -> dict:

@@ -1,7 +1,7 @@
-"""Training a GraphPlanner router from a config: the run-layer side of gp_jax/rl/train.py.
+"""Training a GraphPlanner router from a config: the run-layer side of gp_jax/rl/loop.py.
 
 Reads the config tree (model, PPO, loop, devices, processes), checks the workdir's config record,
-builds the system and the learner's pieces, and calls `rl.train.train` with them; `load_router`
+builds the system and the learner's pieces, and calls `rl.loop.train` with them; `load_router`
 restores a trained router the same way. Every runner that trains (experiments/train.py, the
 sweep, the studies, serving) comes through here.
 """
@@ -17,8 +17,8 @@ from gp_jax.graph import features as features_lib
 from gp_jax.graph import garnet as garnet_lib
 from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import parallel
-from gp_jax.rl import train as rl_train
-from gp_jax.runs import learner as learner_cfg
+from gp_jax.rl import loop as rl_loop
+from gp_jax.runs import ppo_config
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import workdir as workdir_config
 
@@ -61,9 +61,9 @@ def make_model(config, spec: features_lib.FeatureSpec | None = None) -> garnet_l
 
 def _check_model(m, history, encoder, k, heads) -> None:
   """ConfigError naming the field of config.model (`m`) that make_model cannot build."""
-  if history not in rl_train.HISTORY_MODES:
+  if history not in rl_loop.HISTORY_MODES:
     raise errors.ConfigError(f"config.model.history must be one of "
-                             f"{', '.join(rl_train.HISTORY_MODES)}; got {history!r}")
+                             f"{', '.join(rl_loop.HISTORY_MODES)}; got {history!r}")
   if encoder not in garnet_lib.ENCODERS:
     raise errors.ConfigError(f"config.model.encoder must be one of "
                              f"{', '.join(garnet_lib.ENCODERS)}; got {encoder!r}")
@@ -119,11 +119,11 @@ def validate(config) -> None:
             (not config.eval.get("online_recent_rows", 0) or config.eval.get("online_history", False),
              "eval.online_history=True with eval.online_recent_rows > 0"),
             (t.checkpoint_every >= 1, "train.checkpoint_every >= 1"),
-            (t.get("padding", "fixed") in rl_train.PADDINGS, f"train.padding in {rl_train.PADDINGS}")]
+            (t.get("padding", "fixed") in rl_loop.PADDINGS, f"train.padding in {rl_loop.PADDINGS}")]
   for ok, what in checks:
     if not ok:
       raise errors.ConfigError(f"invalid config: need {what}")
-  learner_cfg.ppo_settings(config)          # unknown ppo.lr_schedule / entropy_schedule names
+  ppo_config.ppo_settings(config)          # unknown ppo.lr_schedule / entropy_schedule names
   make_model(config)                        # model errors before anything is built
 
 
@@ -138,11 +138,11 @@ def train_reward(config) -> str:
   return config.train.get("reward", REWARD_OF_OLDER_CONFIGS)
 
 
-def loop_settings(config, max_calls: int) -> rl_train.LoopSettings:
+def loop_settings(config, max_calls: int) -> rl_loop.LoopSettings:
   """The learner's loop settings of config.train, config.ppo and config.model; max_calls: the
   MDP's bound on one episode's calls (learner.max_calls of the system)."""
   t = config.train
-  return rl_train.LoopSettings(
+  return rl_loop.LoopSettings(
       episodes=t.episodes, episodes_per_iter=t.episodes_per_iter, parallel=int(t.parallel),
       seed=config.seed, checkpoint_every=t.checkpoint_every, entropy_stop=config.ppo.entropy_stop,
       max_calls=max_calls, history=config.model.history,
@@ -164,7 +164,7 @@ def check_workdir(config, workdir: pathlib.Path) -> None:
 
 def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | None = None,
           verbose: bool = True) -> dict:
-  """Trains the router of `config` in workdir; returns rl.train.train's summary. Resumes from
+  """Trains the router of `config` in workdir; returns rl.loop.train's summary. Resumes from
   the latest checkpoint there.
 
   system: the built system of config (built here when None).
@@ -180,21 +180,21 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   workdir = pathlib.Path(workdir)
   check_workdir(config, workdir)
   if verbose:
-    progress_lib.note(f"[train] {workdir}: {learner_cfg.num_updates(config)} iterations of "
+    progress_lib.note(f"[train] {workdir}: {ppo_config.num_updates(config)} iterations of "
                       f"{config.train.episodes_per_iter} episodes; compiling first (a minute or "
                       f"more without a warm XLA cache)")
   sysm = system or system_lib.build(config)
-  settings = loop_settings(config, learner_cfg.max_calls(sysm))
+  settings = loop_settings(config, ppo_config.max_calls(sysm))
   env = sysm.env(float(config.alpha), reward=train_reward(config))
   model = make_model(config, sysm.featurizer.spec)
-  optimizer = learner_cfg.make_optimizer(config)
-  update, batch_size = learner_cfg.make_update(config, sysm, model, optimizer,
+  optimizer = ppo_config.make_optimizer(config)
+  update, batch_size = ppo_config.make_update(config, sysm, model, optimizer,
                                                int(config.train.episodes_per_iter), mesh)
   buckets = None   # fixed padding: every batch is batch_size transitions
   if config.train.get("padding", "fixed") == "buckets":
     unit = batch_lib.batch_size_for(1, 1, int(config.ppo.num_minibatches), mesh.size)
     buckets = batch_lib.padding_buckets(batch_size, unit)
-  return rl_train.train(workdir, env=env, featurizer=sysm.featurizer, queries=sysm.train_queries,
+  return rl_loop.train(workdir, env=env, featurizer=sysm.featurizer, queries=sysm.train_queries,
                         model=model, optimizer=optimizer, update=update, batch_size=batch_size,
                         settings=settings, buckets=buckets,
                         rollout_mesh=make_mesh(config, local=True), verbose=verbose)
@@ -206,8 +206,8 @@ def load_router(config, workdir, system: system_lib.System, *, best: bool = True
   Evaluate with the returned history for the transductive, summary and retrieval modes (they read
   it), None for inductive."""
   model = make_model(config, system.featurizer.spec)
-  params, history = rl_train.restore_policy(
+  params, history = rl_loop.restore_policy(
       pathlib.Path(workdir) / "checkpoints", model, system.featurizer,
-      learner_cfg.make_optimizer(config), seed=config.seed, num_hubs=system.space.size,
+      ppo_config.make_optimizer(config), seed=config.seed, num_hubs=system.space.size,
       history_capacity=int(config.model.history_capacity), best=best)
   return model, params, history

@@ -24,8 +24,8 @@ from gp_jax.llm import replay
 from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
-from gp_jax.rl import train as train_lib
-from gp_jax.runs import learner as learner_cfg
+from gp_jax.rl import loop as loop_lib
+from gp_jax.runs import ppo_config
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 from gp_jax.types import Query
@@ -81,8 +81,8 @@ def run_policy(config, pool: base.LLMPool) -> dict:
   env = env_lib.WorkflowEnv(sysm.space, sysm.mdp_cfg, pool, alpha=ALPHA, describe=describe,
                             scorer=word_match, sampling=SAMPLING)
   model = training.make_model(config)
-  optimizer = ppo.make_optimizer(learner_cfg.ppo_settings(config))
-  state = train_lib.init_state(model, sysm.featurizer, optimizer, config.seed)
+  optimizer = ppo.make_optimizer(ppo_config.ppo_settings(config))
+  state = loop_lib.init_state(model, sysm.featurizer, optimizer, config.seed)
   history = history_lib.HistoryMemory(sysm.featurizer.spec.row_dim, sysm.space.size,
                                       capacity=int(config.model.history_capacity))
   runner = rollout.PolicyRunner(model, sysm.featurizer.hub_features, len(QUERIES))
@@ -151,13 +151,13 @@ def test_ppo_update_on_real_transitions(recorded):
   episodes, sysm, history = recorded["episodes"], recorded["system"], recorded["history"]
   config = recorded["config"]
   n = sum(len(e.rewards) for e in episodes)
-  batch_size = batch_lib.batch_size_for(len(episodes), learner_cfg.max_calls(sysm), 1)
+  batch_size = batch_lib.batch_size_for(len(episodes), ppo_config.max_calls(sysm), 1)
   batch, hist = batch_lib.build_batch(episodes, history, batch_size=batch_size,
                                       num_episodes=len(episodes),
-                                      max_calls=learner_cfg.max_calls(sysm),
+                                      max_calls=ppo_config.max_calls(sysm),
                                       num_hubs=sysm.space.size)
   assert float(batch.transitions["weights"].sum()) == n
-  settings = dataclasses.replace(learner_cfg.ppo_settings(config), epochs=1, num_minibatches=1)
+  settings = dataclasses.replace(ppo_config.ppo_settings(config), epochs=1, num_minibatches=1)
   update = ppo.make_update_fn(recorded["model"], recorded["optimizer"], settings,
                               num_chunks=batch_size + 1)
   state = jax.tree_util.tree_map(jnp.array, recorded["state"])   # a copy: the update donates it

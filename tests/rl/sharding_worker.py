@@ -14,8 +14,8 @@ from experiments.configs import test as test_config
 from gp_jax.graph import history as history_lib
 from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import rollout
-from gp_jax.rl import train as train_lib
-from gp_jax.runs import learner as learner_cfg
+from gp_jax.rl import loop as loop_lib
+from gp_jax.runs import ppo_config
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 
@@ -27,10 +27,10 @@ def update_params(devices: int, history_capacity: int):
   cfg.model.history_capacity = history_capacity
   sysm = system_lib.build(cfg)
   model = training.make_model(cfg, sysm.featurizer.spec)
-  opt = learner_cfg.make_optimizer(cfg)
-  state = train_lib.init_state(model, sysm.featurizer, opt, 0)
+  opt = ppo_config.make_optimizer(cfg)
+  state = loop_lib.init_state(model, sysm.featurizer, opt, 0)
   mesh = training.make_mesh(cfg)
-  update, bsz = learner_cfg.make_update(cfg, sysm, model, opt, 16, mesh)
+  update, bsz = ppo_config.make_update(cfg, sysm, model, opt, 16, mesh)
   runner = rollout.PolicyRunner(model, sysm.featurizer.hub_features, 16,
                                 mesh=training.make_mesh(cfg, local=True))
   history = history_lib.HistoryMemory(sysm.featurizer.spec.row_dim, sysm.space.size,
@@ -45,7 +45,7 @@ def update_params(devices: int, history_capacity: int):
         key=jax.random.PRNGKey(it), greedy=False, history=history, grow_history=True,
         seed_salt=it))
     batch, hist = batch_lib.build_batch(eps, history, batch_size=bsz, num_episodes=16,
-                                        max_calls=learner_cfg.max_calls(sysm),
+                                        max_calls=ppo_config.max_calls(sysm),
                                         num_hubs=sysm.space.size)
     state, m = update(state, hub, hist, batch)
     out["metrics"].append({k: float(v) for k, v in jax.device_get(m).items()})

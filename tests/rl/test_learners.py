@@ -16,8 +16,8 @@ from gp_jax.counselor.routing import selector as routing_selector
 from gp_jax.llm import catalog as catalog_lib
 from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import ppo
-from gp_jax.rl import train as rl_train
-from gp_jax.runs import learner as learner_cfg
+from gp_jax.rl import loop as rl_loop
+from gp_jax.runs import ppo_config
 from gp_jax.text import encoder as encoder_lib
 
 
@@ -38,12 +38,12 @@ def spy(monkeypatch):
 
 def test_settings_are_one_class_read_from_the_configs():
   c = test_config.get_config()
-  gp = learner_cfg.ppo_settings(c)
+  gp = ppo_config.ppo_settings(c)
   assert type(gp) is ppo.PPOSettings
   assert (gp.epochs, gp.num_minibatches, gp.value_lr_multiplier) == (
       c.ppo.epochs, c.ppo.num_minibatches, c.ppo.value_lr_multiplier)
   s = sweep_config.get_config("test")
-  r1 = learner_cfg.router_r1_settings(s)
+  r1 = ppo_config.router_r1_settings(s)
   assert type(r1) is ppo.PPOSettings and r1.learning_rate == s.sweep.r1_learning_rate
   assert (r1.clip_eps, r1.gae_lambda, r1.max_grad_norm) == (
       s.ppo.clip_eps, s.ppo.gae_lambda, s.ppo.max_grad_norm)
@@ -63,18 +63,18 @@ def test_bad_settings_are_config_errors(field, value, message):
 
 
 def test_graphplanner_update_is_the_shared_learner(spy, monkeypatch):
-  """runs.learner builds GraphPlanner's update with ppo.make_update_fn from config.ppo."""
+  """runs.ppo_config builds GraphPlanner's update with ppo.make_update_fn from config.ppo."""
   made = []
   monkeypatch.setattr(ppo, "make_update_fn", lambda *a, **kw: made.append((a, kw)) or "update")
   c = test_config.get_config()
   system = types.SimpleNamespace(
       space=types.SimpleNamespace(roles=types.SimpleNamespace(indices_of_kind=lambda k: [])),
       mdp_cfg=types.SimpleNamespace(max_calls=lambda thinker, verifier: 5))
-  update, size = learner_cfg.make_update(c, system, "model", "opt", 8)
+  update, size = ppo_config.make_update(c, system, "model", "opt", 8)
   assert update == "update" and size == batch_lib.batch_size_for(8, 5, c.ppo.num_minibatches)
   (args, kw), = made
-  assert args == ("model", "opt", learner_cfg.ppo_settings(c))
-  assert kw["num_updates"] == learner_cfg.num_updates(c)
+  assert args == ("model", "opt", ppo_config.ppo_settings(c))
+  assert kw["num_updates"] == ppo_config.num_updates(c)
 
 
 def test_router_r1_and_the_routed_counselor_run_the_shared_learner(spy, monkeypatch):
@@ -106,7 +106,7 @@ def test_router_r1_and_the_routed_counselor_run_the_shared_learner(spy, monkeypa
                                encoder=encoder_lib.make_encoder("hashing", dim=16), cfg=cfg)
   assert made == [cfg.ppo]
   state = routing.init_state(router, 0)
-  fresh = rl_train.init_state(router.model, router.featurizer, router.optimizer, 0)
+  fresh = rl_loop.init_state(router.model, router.featurizer, router.optimizer, 0)
   assert type(state) is ppo.TrainingState
   assert jax.tree_util.tree_all(jax.tree_util.tree_map(np.array_equal, state.params, fresh.params))
   before = jax.tree_util.tree_map(np.array, state.params)

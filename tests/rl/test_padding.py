@@ -7,7 +7,7 @@ import pytest
 
 from experiments.configs import test as test_config
 from gp_jax.rl import batch as batch_lib
-from gp_jax.rl import train as train_lib
+from gp_jax.rl import loop as loop_lib
 from gp_jax.runs import train as training
 
 
@@ -57,12 +57,12 @@ def test_bucket_size_grows_at_once_and_never_shrinks():
   buckets = batch_lib.padding_buckets(640, 32)
   loop = types.SimpleNamespace(buckets=buckets, batch_size=640)
   meta = {}
-  sizes = [train_lib._padded_size(loop, meta, n) for n in (200, 300, 150, 100, 330, 100)]
+  sizes = [loop_lib._padded_size(loop, meta, n) for n in (200, 300, 150, 100, 330, 100)]
   assert sizes == [256, 320, 320, 320, 416, 416]
   assert all(s >= batch_lib.padded_size(n, buckets) for s, n in zip(sizes, (200, 300, 150, 100,
                                                                            330, 100)))
   resumed = dict(meta)              # what the checkpoint metadata holds
-  assert train_lib._padded_size(loop, resumed, 100) == 416
-  assert train_lib._padded_size(loop, {}, 100) == batch_lib.padded_size(100, buckets) == 128
+  assert loop_lib._padded_size(loop, resumed, 100) == 416
+  assert loop_lib._padded_size(loop, {}, 100) == batch_lib.padded_size(100, buckets) == 128
   fixed = types.SimpleNamespace(buckets=None, batch_size=640)
-  assert train_lib._padded_size(fixed, {}, 100) == 640
+  assert loop_lib._padded_size(fixed, {}, 100) == 640

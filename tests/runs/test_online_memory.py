@@ -10,8 +10,8 @@ from experiments.configs import test as test_config
 from gp_jax import errors
 from gp_jax.graph import history as history_lib
 from gp_jax.rl import rollout
-from gp_jax.rl import train as train_lib
-from gp_jax.runs import learner as learner_cfg
+from gp_jax.rl import loop as loop_lib
+from gp_jax.runs import ppo_config
 from gp_jax.runs import evaluate as evaluation
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
@@ -31,7 +31,7 @@ def parts():
       c = test_config.get_config()
       c.model.history = mode
       model = training.make_model(c, sysm.featurizer.spec)
-      params = train_lib.init_state(model, sysm.featurizer, learner_cfg.make_optimizer(c), 0).params
+      params = loop_lib.init_state(model, sysm.featurizer, ppo_config.make_optimizer(c), 0).params
       runner = rollout.PolicyRunner(model, sysm.featurizer.hub_features, 2,
                                     featurizer=sysm.featurizer)
       routers[mode] = (model, params, runner)

@@ -16,9 +16,9 @@ from gp_jax.graph import history as history_lib
 from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
-from gp_jax.rl import train as train_lib
+from gp_jax.rl import loop as loop_lib
 from gp_jax.runs import pipeline
-from gp_jax.runs import learner as learner_cfg
+from gp_jax.runs import ppo_config
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 
@@ -135,7 +135,7 @@ def test_no_retrace_as_history_grows_within_a_bucket():
                              gamma=0.99, gae_lambda=0.95, value_coef=0.5, entropy_coef=0.01,
                              max_grad_norm=0.5, value_lr_multiplier=2.0)
   opt = ppo.make_optimizer(settings)
-  state = train_lib.init_state(model, sysm.featurizer, opt, 0)
+  state = loop_lib.init_state(model, sysm.featurizer, opt, 0)
   runner = rollout.PolicyRunner(model, sysm.featurizer.hub_features, 8, max_traces=1)
   history = history_lib.HistoryMemory(sysm.featurizer.spec.row_dim, sysm.space.size, capacity=400)
   runner.set_params(state.params, history)
@@ -149,7 +149,7 @@ def test_no_retrace_as_history_grows_within_a_bucket():
         env, sysm.featurizer, runner, sysm.train_queries[it * 8:(it + 1) * 8],
         key=jax.random.PRNGKey(it), greedy=False, history=history, grow_history=True, seed_salt=it))
     batch, hist = batch_lib.build_batch(eps, history, batch_size=bsz, num_episodes=8,
-                                        max_calls=learner_cfg.max_calls(sysm),
+                                        max_calls=ppo_config.max_calls(sysm),
                                         num_hubs=sysm.space.size)
     state, _ = update(state, jnp.asarray(sysm.featurizer.hub_features), hist, batch)
     runner.set_params(state.params, history)

@@ -29,7 +29,7 @@ from gp_jax.workflow import mdp
 from gp_jax.workflow import reward as reward_lib
 
 # Router-R1's PPO settings when none are given (the sweep's come from its config:
-# gp_jax.runs.learner.router_r1_settings).
+# gp_jax.runs.ppo_config.router_r1_settings).
 DEFAULT_PPO = ppo.PPOSettings(learning_rate=1e-3, epochs=4, num_minibatches=2, clip_eps=0.2,
                               gamma=0.99, gae_lambda=0.95, value_coef=0.5, entropy_coef=0.01,
                               max_grad_norm=0.5)

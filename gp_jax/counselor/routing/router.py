@@ -7,7 +7,7 @@ counselor's own (features.py: hubs = (agent kind, LLM), only the step's kind val
             behind gp_jax.rl.decisions.DecisionBatcher, which batches the steps of the questions
             in flight (selector.py);
   learner   gp_jax.rl.ppo.make_update_fn (GAE and the clipped-PPO steps in one jitted update) on
-            gp_jax.rl.batch batches, a ppo.TrainingState made by gp_jax.rl.train.init_state and
+            gp_jax.rl.batch batches, a ppo.TrainingState made by gp_jax.rl.loop.init_state and
             passed in and out of `update` and `train`.
 Simplification of GraphPlanner: no cross-episode history table (GARNet(use_history=False); the
 update gets an empty one), since a question's own calls already show what each hub did.
@@ -52,7 +52,7 @@ from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import decisions
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
-from gp_jax.rl import train as rl_train
+from gp_jax.rl import loop as rl_loop
 from gp_jax.text import encoder as encoder_lib
 from gp_jax.workflow import reward as reward_lib
 
@@ -152,8 +152,8 @@ def make_router(*, catalog: catalog_lib.Catalog, llms: Sequence[str],
 
 
 def init_state(router: Router, seed: int) -> ppo.TrainingState:
-  """Fresh parameters and optimizer state (gp_jax.rl.train.init_state)."""
-  return rl_train.init_state(router.model, router.featurizer, router.optimizer, seed)
+  """Fresh parameters and optimizer state (gp_jax.rl.loop.init_state)."""
+  return rl_loop.init_state(router.model, router.featurizer, router.optimizer, seed)
 
 
 def selector(router: Router, params, *, greedy: bool = True, key: jax.Array | None = None,

@@ -38,7 +38,7 @@ from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
 from gp_jax.runs import evaluate as evaluation
-from gp_jax.runs import learner as learner_cfg
+from gp_jax.runs import ppo_config
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
@@ -150,8 +150,8 @@ def few_shot_update(config, system, model, params, history, n: int, seed: int, *
             for r in range(rounds)]
   runner = rollout.PolicyRunner(model, system.featurizer.hub_features, int(config.train.parallel))
   env = system.env(float(config.alpha), reward=training.train_reward(config))
-  optimizer = learner_cfg.make_optimizer(config)
-  update, batch_size = learner_cfg.make_update(config, system, model, optimizer, len(chunks[0]))
+  optimizer = ppo_config.make_optimizer(config)
+  update, batch_size = ppo_config.make_update(config, system, model, optimizer, len(chunks[0]))
   params = jax.tree_util.tree_map(jnp.copy, params)   # the update donates its state's buffers
   state = ppo.TrainingState(params=params, opt_state=optimizer.init(params),
                             rng=jax.random.PRNGKey(seed), update_step=jnp.zeros((), jnp.int32))
@@ -168,7 +168,7 @@ def few_shot_update(config, system, model, params, history, n: int, seed: int, *
     batch, hist_inputs = batch_lib.build_batch(episodes, history,
                                                batch_size=batch_size,
                                                num_episodes=len(chunks[r]),
-                                               max_calls=learner_cfg.max_calls(system),
+                                               max_calls=ppo_config.max_calls(system),
                                                num_hubs=system.space.size)
     for _ in range(updates):
       state, _ = update(state, jnp.asarray(system.featurizer.hub_features), hist_inputs, batch)

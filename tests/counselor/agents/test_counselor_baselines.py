@@ -4,7 +4,7 @@ import pytest
 from gp_jax.counselor.agents import baselines
 from gp_jax.counselor.agents import prompts
 from gp_jax.counselor.agents import records
-from gp_jax.counselor.eval import evaluate
+from gp_jax.counselor.eval import harness
 from tests.counselor.conftest import MODEL, ScriptedPool, run
 
 
@@ -37,7 +37,7 @@ def test_one_shot_methods_make_one_answer_call(academic, method):
   graph, questions, funcs = academic
   q = next(q for q in questions if q.template == "paper_year")
   pool = ScriptedPool(lambda kind, user, i: "Answer: 1999\nbecause")
-  r = run(evaluate.run_method(method, q.question, funcs=funcs, pool=pool, qid=q.qid,
+  r = run(harness.run_method(method, q.question, funcs=funcs, pool=pool, qid=q.qid,
                               select_llm=records.fixed_selector(MODEL), max_steps=3))
   assert r.final_answer == "1999" and r.first_answer == "1999" and r.method == method
   assert [c.kind for c in r.calls] == ["answer"] and r.calls[0].role == "executor"
@@ -61,8 +61,8 @@ def test_failed_answer_call_gives_no_answer(academic):
 
 
 def test_method_settings_filter():
-  assert evaluate.method_settings("llm_only", {"max_steps": 3, "context_token_budget": 5}) == {}
-  assert evaluate.method_settings("graphrag_2hop", {"max_steps": 3, "context_token_budget": 5}) == {
+  assert harness.method_settings("llm_only", {"max_steps": 3, "context_token_budget": 5}) == {}
+  assert harness.method_settings("graphrag_2hop", {"max_steps": 3, "context_token_budget": 5}) == {
       "context_token_budget": 5}
-  assert evaluate.method_settings("counselor", {"max_steps": 3, "context_token_budget": 5}) == {
+  assert harness.method_settings("counselor", {"max_steps": 3, "context_token_budget": 5}) == {
       "max_steps": 3}

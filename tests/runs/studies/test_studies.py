@@ -10,8 +10,8 @@ import pytest
 from experiments.configs import study as study_config
 from gp_jax import errors
 from gp_jax.graph import history as history_lib
-from gp_jax.rl import train as train_lib
-from gp_jax.runs import learner as learner_cfg
+from gp_jax.rl import loop as loop_lib
+from gp_jax.runs import ppo_config
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 from gp_jax.runs.studies import definitions
@@ -143,7 +143,7 @@ def test_few_shot_recipes():
   c = study_config.get_config("test")
   sysm = system_lib.build(c)
   model = training.make_model(c, sysm.featurizer.spec)
-  params = train_lib.init_state(model, sysm.featurizer, learner_cfg.make_optimizer(c), 0).params
+  params = loop_lib.init_state(model, sysm.featurizer, ppo_config.make_optimizer(c), 0).params
 
   def run(**kw):
     h = history_lib.HistoryMemory(sysm.featurizer.spec.row_dim, sysm.space.size, capacity=10_000)

@@ -1,4 +1,4 @@
-"""The learner's loop (rl.train.train) driven by explicit pieces, no config tree: the same values
+"""The learner's loop (rl.loop.train) driven by explicit pieces, no config tree: the same values
 give the run that the run layer (gp_jax/runs/train.py) assembles from the config, and the library
 leaves the workdir's config record to the run layer."""
 import inspect
@@ -9,7 +9,7 @@ from experiments.configs import test as test_config
 from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import parallel
 from gp_jax.rl import ppo
-from gp_jax.rl import train as rl_train
+from gp_jax.rl import loop as rl_loop
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 
@@ -22,7 +22,7 @@ def _metrics(workdir: pathlib.Path) -> list[dict]:
 
 
 def test_library_takes_no_config():
-  params = inspect.signature(rl_train.train).parameters
+  params = inspect.signature(rl_loop.train).parameters
   assert "config" not in params and "system" not in params
 
 
@@ -47,11 +47,11 @@ def test_explicit_pieces_reproduce_the_configured_run(tmp_path):
   max_calls = sysm.mdp_cfg.max_calls()
   batch_size = batch_lib.batch_size_for(t.episodes_per_iter, max_calls, p.num_minibatches,
                                         mesh.size)
-  settings = rl_train.LoopSettings(
+  settings = rl_loop.LoopSettings(
       episodes=32, episodes_per_iter=16, parallel=16, seed=0, checkpoint_every=1,
       entropy_stop=0.0, max_calls=max_calls, history="transductive",
       history_capacity=400)
-  explicit = rl_train.train(tmp_path / "explicit", env=env, featurizer=sysm.featurizer,
+  explicit = rl_loop.train(tmp_path / "explicit", env=env, featurizer=sysm.featurizer,
                             queries=sysm.train_queries, model=model, optimizer=optimizer,
                             update=update, batch_size=batch_size, settings=settings,
                             rollout_mesh=parallel.make_mesh(0, local=True), verbose=False)
