@@ -94,10 +94,10 @@ def interrupt_latest_save(monkeypatch, step):
   the latest write of one checkpoint)."""
   real = checkpoint_lib.Checkpointer._write
 
-  def write(self, s, state, history, meta, best):
-    if not best and s == step:
+  def write(self, w):
+    if not w.best and w.step == step:
       raise KeyboardInterrupt("simulated kill")
-    return real(self, s, state, history, meta, best)
+    return real(self, w)
   monkeypatch.setattr(checkpoint_lib.Checkpointer, "_write", write)
   return lambda: monkeypatch.setattr(checkpoint_lib.Checkpointer, "_write", real)
 
@@ -139,9 +139,9 @@ def test_best_is_written_with_latest(system, tmp_path, monkeypatch):
   writes = []
   real = checkpoint_lib.Checkpointer._write
 
-  def write(self, step, state, history, meta, best):
-    writes.append((step, best, meta["best_iteration"]))
-    return real(self, step, state, history, meta, best)
+  def write(self, w):
+    writes.append((w.step, w.best, w.meta["best_iteration"]))
+    return real(self, w)
   monkeypatch.setattr(checkpoint_lib.Checkpointer, "_write", write)
   training.train(config(), tmp_path, system=system, verbose=False)
   latest = [i for i, (_, best, _) in enumerate(writes) if not best]
@@ -353,14 +353,14 @@ def test_background_write_saves_the_state_as_it_was(tmp_path):
   state = {"w": jnp.arange(4.0)}
   hist = history_lib.HistoryMemory(3, 2, capacity=10)
   hist.add(np.ones((2, 3), np.float32), np.zeros(2, np.int32))
-  ckpt.save(0, state, hist, dict(best_iteration=0))
+  ckpt.save(checkpoint_lib.Write(step=0, state=state, history=hist, meta=dict(best_iteration=0)))
   state["w"].delete()
   hist.add(np.zeros((3, 3), np.float32), np.ones(3, np.int32))
   ckpt.close()
   reader = checkpoint_lib.Checkpointer(tmp_path, read_only=True)
   restored = history_lib.HistoryMemory(3, 2, capacity=10)
-  out, meta = reader.restore({"w": np.zeros(4, np.float32)}, restored)
+  out = reader.restore({"w": np.zeros(4, np.float32)}, restored)
   reader.close()
-  np.testing.assert_array_equal(out["w"], np.arange(4.0))
-  assert meta["history_rows"] == 2 and len(restored) == 2
+  np.testing.assert_array_equal(out.state["w"], np.arange(4.0))
+  assert out.meta["history_rows"] == 2 and len(restored) == 2
   np.testing.assert_array_equal(restored.rows, np.ones((2, 3)))

@@ -28,6 +28,7 @@ a newer best, saved after L, is discarded.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import hashlib
 import json
@@ -40,7 +41,7 @@ import tempfile
 import threading
 import time
 import warnings
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -51,6 +52,32 @@ from gp_jax.graph import history as history_lib
 
 INTEGRITY_FILE = "gp_jax_files.json"   # {relative path: [size, sha256]} of a finished step
 _KEEP_LATEST = 2
+
+
+@dataclasses.dataclass(frozen=True)
+class Write:
+  """One checkpoint to write: step `step` (the iteration) of "latest", or of "best".
+
+  Attributes:
+    step: the iteration the checkpoint holds.
+    state: the TrainingState (any pytree of arrays).
+    history: the history memory as of that iteration.
+    meta: the JSON metadata; "best_iteration" is required (which best a latest step needs).
+    best: a "best" step (else "latest").
+  """
+  step: int
+  state: Any
+  history: history_lib.HistoryMemory
+  meta: dict
+  best: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Restored:
+  """What `Checkpointer.restore` read: the state, and the step's JSON metadata (with
+  "history_rows", the rows restored into the history memory)."""
+  state: Any
+  meta: dict
 
 
 def _manager(path: pathlib.Path, keep: int | None, read_only: bool) -> ocp.CheckpointManager:
@@ -149,12 +176,12 @@ class Checkpointer:
   def _step_dir(self, mngr: ocp.CheckpointManager, step: int) -> pathlib.Path:
     return pathlib.Path(mngr.directory) / str(step)
 
-  def save(self, step: int, state, history, meta: dict, *, best: bool = False) -> None:
-    """Writes step `step` (iteration) of "latest" or "best", then its integrity record."""
-    self.save_all([(step, state, history, meta, best)])
+  def save(self, write: Write) -> None:
+    """Writes one step of "latest" or "best", then its integrity record."""
+    self.save_all([write])
 
-  def save_all(self, writes: list[tuple]) -> None:
-    """Writes (step, state, history, meta, best) one after the other, in order.
+  def save_all(self, writes: list[Write]) -> None:
+    """Writes `writes` one after the other, in order.
 
     With background writes the call returns once the previous writes are done and host copies
     of the states are taken (the caller may then donate or change its arrays; the history's
@@ -170,15 +197,15 @@ class Checkpointer:
     self.wait()
     if not self.background:
       for w in writes:
-        self._write(*w)
+        self._write(w)
       return
-    writes = [(step, jax.device_get(state), history.view(), dict(meta), best)
-              for step, state, history, meta, best in writes]
+    writes = [dataclasses.replace(w, state=jax.device_get(w.state), history=w.history.view(),
+                                  meta=dict(w.meta)) for w in writes]
 
     def run():
       try:
         for w in writes:
-          self._write(*w)
+          self._write(w)
       except BaseException as e:   # handed to the caller's thread by wait()
         self._error = e
     self._writer = threading.Thread(target=run, name="gp_jax-checkpoint")
@@ -193,12 +220,13 @@ class Checkpointer:
       error, self._error = self._error, None
       raise error
 
-  def _write(self, step: int, state, history, meta: dict, best: bool) -> None:
-    mngr = self.best if best else self.latest
+  def _write(self, w: Write) -> None:
+    step = w.step
+    mngr = self.best if w.best else self.latest
     _install_log_filter()
     try:
       with _held_stderr():
-        mngr.save(step, args=self._args(state, history, meta), force=True)
+        mngr.save(step, args=self._args(w.state, w.history, w.meta), force=True)
         mngr.wait_until_finished()
       if jax.process_index() == 0:   # one writer of the shared step folder (several processes)
         write_integrity(self._step_dir(mngr, step))
@@ -209,8 +237,8 @@ class Checkpointer:
       self._remove_partial(mngr, step)
       raise errors.StorageError(f"cannot write checkpoint step {step} in {mngr.directory}: "
                                 f"{reason}; the previous checkpoints are intact") from None
-    if not best:
-      self._best_of[step] = int(meta["best_iteration"])
+    if not w.best:
+      self._best_of[step] = int(w.meta["best_iteration"])
     self._prune_best()
 
   def _remove_partial(self, mngr: ocp.CheckpointManager, step: int) -> None:
@@ -256,8 +284,9 @@ class Checkpointer:
         if s > step:
           mngr.delete(s)
 
-  def restore(self, abstract_state, history: history_lib.HistoryMemory, *, best: bool = False):
-    """Returns (state, meta) and fills `history`; None when there is no checkpoint.
+  def restore(self, abstract_state, history: history_lib.HistoryMemory, *,
+              best: bool = False) -> Restored | None:
+    """Reads the state and metadata and fills `history`; None when there is no checkpoint.
 
     "latest": the newest intact step; a damaged newer one is reported in one line and skipped.
     "best": the newest best step, which has no stand-in (an older best is another model).
@@ -287,7 +316,7 @@ class Checkpointer:
       n = int(meta["history_rows"])
       h = jax.tree_util.tree_map(np.asarray, out["history"])
       history.load_state_dict({"rows": h["rows"][:n], "hubs": h["hubs"][:n]})
-      return out["state"], meta
+      return Restored(state=out["state"], meta=meta)
     if not damaged:
       return None
     if best:

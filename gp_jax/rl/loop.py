@@ -127,6 +127,56 @@ class LoopSettings:
     return math.ceil(self.episodes / self.episodes_per_iter)
 
 
+@dataclasses.dataclass(frozen=True)
+class LoopState:
+  """Where a run stands after an iteration (the checkpoints' JSON metadata); a fresh run's
+  before the first. Changed only by `advanced`.
+
+  Attributes:
+    iteration: the last finished iteration (-1: none yet).
+    episodes: training episodes rolled out so far.
+    running_reward: exponential average (0.9) of the iterations' mean episode return (None: no
+      iteration yet).
+    best_running: the highest running reward so far.
+    best_iteration: the iteration that reached it (-1: none).
+    stopped_early: the policy entropy fell below settings.entropy_stop.
+    padded_size: with bucket padding, the padded transitions of the updates (0: none yet, or
+      fixed padding); kept so that a resumed run pads as the uninterrupted one.
+  """
+  iteration: int = -1
+  episodes: int = 0
+  running_reward: float | None = None
+  best_running: float = -math.inf
+  best_iteration: int = -1
+  stopped_early: bool = False
+  padded_size: int = 0
+
+  def advanced(self, it: int, *, episodes: int, episode_return: float, entropy: float,
+               entropy_stop: float, padded_size: int) -> "LoopState":
+    """The state after iteration `it`: its episodes, mean episode return, policy entropy and
+    padded size."""
+    running = (episode_return if self.running_reward is None
+               else 0.9 * self.running_reward + 0.1 * episode_return)
+    best = running > self.best_running
+    return LoopState(iteration=it, episodes=episodes, running_reward=running,
+                     best_running=running if best else self.best_running,
+                     best_iteration=it if best else self.best_iteration,
+                     stopped_early=self.stopped_early or entropy < entropy_stop,
+                     padded_size=padded_size)
+
+  def record(self) -> dict:
+    """The JSON metadata of a checkpoint (and the run's summary)."""
+    return dataclasses.asdict(self)
+
+  @classmethod
+  def from_record(cls, meta: dict) -> "LoopState":
+    """The state a checkpoint's metadata records. Keys added after a checkpoint was written
+    (padded_size) take their defaults; keys that are no field (the checkpoint's history_rows)
+    are left out."""
+    names = {f.name for f in dataclasses.fields(cls)}
+    return cls(**{k: v for k, v in meta.items() if k in names})
+
+
 @dataclasses.dataclass
 class _Loop:
   """What every iteration of one run uses (built once by `train`)."""
@@ -141,8 +191,7 @@ class _Loop:
   runner: rollout.PolicyRunner
   hub_features: jax.Array
   slots: int   # episodes in flight per process
-  # (iteration, state copy, history as of then, meta) of a best not yet written
-  pending_best: tuple | None = None
+  pending_best: checkpoint_lib.Write | None = None   # a best not yet written
 
 
 def train(workdir: str | pathlib.Path, *, env: env_lib.WorkflowEnv,
@@ -183,12 +232,12 @@ def train(workdir: str | pathlib.Path, *, env: env_lib.WorkflowEnv,
                                       headroom=batch_size)
   ckpt = checkpoint_lib.Checkpointer(workdir / "checkpoints",
                                      background=settings.background_checkpoints)
-  state, meta = _restore(ckpt, state, history, verbose)
+  state, progress = _restore(ckpt, state, history, verbose)
   # Steps past the restored state (a best saved after the last latest, a damaged step) are
   # written again by this run; left in place they would collide with it or be evaluated.
   # Every process calls it: orbax's delete ends in a barrier of all processes.
-  ckpt.discard_after(meta["iteration"])
-  log = MetricsLog(workdir / "metrics.jsonl", meta["iteration"]) if rank == 0 else None
+  ckpt.discard_after(progress.iteration)
+  log = MetricsLog(workdir / "metrics.jsonl", progress.iteration) if rank == 0 else None
   slots = -(-int(settings.parallel) // procs)
   runner = rollout.PolicyRunner(model, featurizer.hub_features, slots * procs,
                                 featurizer=featurizer, mesh=rollout_mesh)
@@ -199,19 +248,19 @@ def train(workdir: str | pathlib.Path, *, env: env_lib.WorkflowEnv,
   n_iters = settings.iterations
   t0 = time.time()
   bar = None
-  if verbose and meta["iteration"] + 1 < n_iters and not meta["stopped_early"]:
+  if verbose and progress.iteration + 1 < n_iters and not progress.stopped_early:
     bar = progress_lib.Progress("train", n_iters, unit="iter")
   try:
-    for it in range(meta["iteration"] + 1, n_iters):
-      if meta["stopped_early"]:
+    for it in range(progress.iteration + 1, n_iters):
+      if progress.stopped_early:
         break
-      state, rec = _iteration(loop, state, meta, it)
+      state, progress, rec = _iteration(loop, state, progress, it)
       if log is not None:
         log.write(rec)
       if bar is not None:
-        bar.update(it + 1, episodes=meta["episodes"], reward=f"{rec['episode_return']:+.3f}",
-                   running=f"{meta['running_reward']:+.3f}", entropy=f"{rec['entropy']:.2f}")
-      _checkpoint(ckpt, loop, state, meta, it, rec["entropy"])
+        bar.update(it + 1, episodes=progress.episodes, reward=f"{rec['episode_return']:+.3f}",
+                   running=f"{progress.running_reward:+.3f}", entropy=f"{rec['entropy']:.2f}")
+      _checkpoint(ckpt, loop, state, progress)
   except BaseException:
     with contextlib.suppress(Exception):   # the write under way finishes; the first error wins
       ckpt.close()
@@ -219,7 +268,7 @@ def train(workdir: str | pathlib.Path, *, env: env_lib.WorkflowEnv,
   if bar is not None:
     bar.close()
   ckpt.close()
-  return dict(meta, train_seconds=time.time() - t0)
+  return dict(progress.record(), train_seconds=time.time() - t0)
 
 
 def _grows(settings: LoopSettings) -> bool:
@@ -228,22 +277,22 @@ def _grows(settings: LoopSettings) -> bool:
 
 
 def _restore(ckpt: checkpoint_lib.Checkpointer, state: ppo.TrainingState,
-             history: history_lib.HistoryMemory, verbose: bool) -> tuple[ppo.TrainingState, dict]:
-  """(state, meta) of the latest checkpoint (history restored in place), or of a fresh run."""
-  meta = dict(iteration=-1, episodes=0, running_reward=None, best_running=-math.inf,
-              best_iteration=-1, stopped_early=False)
+             history: history_lib.HistoryMemory,
+             verbose: bool) -> tuple[ppo.TrainingState, LoopState]:
+  """(state, loop state) of the latest checkpoint (history restored in place), or of a fresh
+  run."""
   try:
     restored = ckpt.restore(jax.tree_util.tree_map(np.asarray, state), history)
   except BaseException:
     ckpt.close()
     raise
-  if restored is not None:
-    state, meta = restored
-    state = jax.tree_util.tree_map(jnp.asarray, state)
-    if verbose:
-      print(f"resumed from iteration {meta['iteration']} ({meta['episodes']} episodes, "
-            f"{len(history)} history rows)", file=sys.stderr)
-  return state, meta
+  if restored is None:
+    return state, LoopState()
+  progress = LoopState.from_record(restored.meta)
+  if verbose:
+    print(f"resumed from iteration {progress.iteration} ({progress.episodes} episodes, "
+          f"{len(history)} history rows)", file=sys.stderr)
+  return jax.tree_util.tree_map(jnp.asarray, restored.state), progress
 
 
 def _rollouts(loop: _Loop, it: int) -> list[rollout.Episode]:
@@ -271,15 +320,15 @@ def _rollouts(loop: _Loop, it: int) -> list[rollout.Episode]:
   return episodes
 
 
-def _iteration(loop: _Loop, state: ppo.TrainingState, meta: dict,
-               it: int) -> tuple[ppo.TrainingState, dict]:
-  """One iteration: rollouts, one PPO update, history eviction and refresh; updates meta and
-  returns (new state, the metrics record)."""
+def _iteration(loop: _Loop, state: ppo.TrainingState, progress: LoopState,
+               it: int) -> tuple[ppo.TrainingState, LoopState, dict]:
+  """One iteration: rollouts, one PPO update, history eviction and refresh; returns the new
+  training state, the loop state after it and the metrics record."""
   s = loop.settings
   t_roll = time.time()
   episodes = _rollouts(loop, it)
   t_upd = time.time()
-  size = _padded_size(loop, meta, sum(len(e.rewards) for e in episodes))
+  size = _padded_size(loop, progress.padded_size, sum(len(e.rewards) for e in episodes))
   batch, hist_inputs = batch_lib.build_batch(
       episodes, loop.history if s.history == "transductive" else None, batch_size=size, num_episodes=s.episodes_per_iter, max_calls=s.max_calls,
       num_hubs=loop.env.space.size)
@@ -290,11 +339,13 @@ def _iteration(loop: _Loop, state: ppo.TrainingState, meta: dict,
   loop.history.evict()
   loop.runner.set_params(state.params, loop.history if _grows(s) else None)
   ret = float(np.mean([e.episode_return for e in episodes]))
-  meta["running_reward"] = ret if meta["running_reward"] is None else 0.9 * meta["running_reward"] + 0.1 * ret
-  meta["iteration"], meta["episodes"] = it, it * s.episodes_per_iter + len(episodes)
+  progress = progress.advanced(it, episodes=it * s.episodes_per_iter + len(episodes),
+                               episode_return=ret, entropy=m["entropy"],
+                               entropy_stop=s.entropy_stop,
+                               padded_size=0 if loop.buckets is None else size)
   env = loop.env
-  rec = dict(iteration=it, episodes=meta["episodes"], episode_return=ret,
-             running_reward=meta["running_reward"],
+  rec = dict(iteration=it, episodes=progress.episodes, episode_return=ret,
+             running_reward=progress.running_reward,
              utility=float(np.mean([e.utility for e in episodes])),
              cost=float(np.mean([env.cost_units(e.state) for e in episodes])),
              calls=float(np.mean([len(e.state.calls) for e in episodes])),
@@ -305,49 +356,47 @@ def _iteration(loop: _Loop, state: ppo.TrainingState, meta: dict,
              update_compiles=ppo.compile_count(loop.update), **m)
   # Backend counters (calls, failures by kind, retries...) of real pools, cumulative.
   rec.update({f"pool/{k}": v for k, v in env.pool.stats().items() if isinstance(v, (int, float))})
-  return state, rec
+  return state, progress, rec
 
 
-def _padded_size(loop: _Loop, meta: dict, n: int) -> int:
-  """Padded transitions of this iteration's update (n real ones).
+def _padded_size(loop: _Loop, padded_size: int, n: int) -> int:
+  """Padded transitions of this iteration's update (n real ones; `padded_size`: the previous
+  iteration's, LoopState.padded_size).
 
   Fixed padding: batch_size. Buckets: the bucket of the most transitions an iteration has had so
   far, so the size grows at once when n needs more and never shrinks; the update compiles once
-  per (padded size, history row bucket) pair. The size is in `meta` (`padded_size`), so a resumed
-  run pads as the uninterrupted one.
+  per (padded size, history row bucket) pair.
   """
   if loop.buckets is None:
     return loop.batch_size
-  if n > meta.get("padded_size", 0):
-    meta["padded_size"] = batch_lib.padded_size(n, loop.buckets)
-  return meta["padded_size"]
+  if n > padded_size:
+    return batch_lib.padded_size(n, loop.buckets)
+  return padded_size
 
 
 def _checkpoint(ckpt: checkpoint_lib.Checkpointer, loop: _Loop, state: ppo.TrainingState,
-                meta: dict, it: int, entropy: float) -> None:
-  """Best and early-stop bookkeeping of iteration `it`, then its checkpoints.
+                progress: LoopState) -> None:
+  """The checkpoints of iteration progress.iteration.
 
   A new best (the running reward improved) is kept in memory: a copy of the state (the update
   donates it), the history as of then (its arrays are never changed in place, so this holds no
-  copy) and the metadata. Every checkpoint_every iterations and at the end, the best not yet
+  copy) and the loop state. Every checkpoint_every iterations and at the end, the best not yet
   written goes to "best" first, then the state to "latest". A kill between the two leaves a best
   step past the latest one; resuming discards it (Checkpointer.discard_after) and writes it again.
   The best as of every latest step is therefore on disk, and the newest best step is the run's
   best so far as of its newest latest step.
   """
   s = loop.settings
-  is_best = meta["running_reward"] > meta["best_running"]
-  if is_best:
-    meta["best_running"], meta["best_iteration"] = meta["running_reward"], it
-  if entropy < s.entropy_stop:
-    meta["stopped_early"] = True
-  if is_best:
-    loop.pending_best = (it, jax.tree_util.tree_map(jnp.copy, state), loop.history.view(),
-                         dict(meta))
-  last = it == s.iterations - 1 or meta["stopped_early"]
+  it = progress.iteration
+  if progress.best_iteration == it:
+    loop.pending_best = checkpoint_lib.Write(
+        step=it, state=jax.tree_util.tree_map(jnp.copy, state), history=loop.history.view(),
+        meta=progress.record(), best=True)
+  last = it == s.iterations - 1 or progress.stopped_early
   if (it + 1) % s.checkpoint_every == 0 or last:
-    writes = [] if loop.pending_best is None else [loop.pending_best + (True,)]
-    ckpt.save_all(writes + [(it, state, loop.history, meta, False)])
+    writes = [] if loop.pending_best is None else [loop.pending_best]
+    ckpt.save_all(writes + [checkpoint_lib.Write(step=it, state=state, history=loop.history,
+                                                 meta=progress.record())])
     loop.pending_best = None
 
 
@@ -389,5 +438,4 @@ def restore_policy(checkpoints: str | pathlib.Path, model: garnet_lib.GARNet,
     ckpt.close()
   if restored is None:
     raise errors.ConfigError(f"no checkpoint in {checkpoints}: train first")
-  state, _ = restored
-  return jax.tree_util.tree_map(jnp.asarray, state.params), history
+  return jax.tree_util.tree_map(jnp.asarray, restored.state.params), history

@@ -53,16 +53,18 @@ def test_bucketed_run_compiles_once_per_padded_size(tmp_path):
 def test_bucket_size_grows_at_once_and_never_shrinks():
   """The padded size is the bucket of the most transitions so far: it grows as soon as an
   iteration needs more, stays when later iterations need less (a history bucket change included),
-  and a resumed run continues from the saved meta."""
+  and a resumed run continues from the saved loop state (LoopState.padded_size)."""
   buckets = batch_lib.padding_buckets(640, 32)
   loop = types.SimpleNamespace(buckets=buckets, batch_size=640)
-  meta = {}
-  sizes = [loop_lib._padded_size(loop, meta, n) for n in (200, 300, 150, 100, 330, 100)]
+  size, sizes = loop_lib.LoopState().padded_size, []
+  for n in (200, 300, 150, 100, 330, 100):
+    size = loop_lib._padded_size(loop, size, n)
+    sizes.append(size)
   assert sizes == [256, 320, 320, 320, 416, 416]
   assert all(s >= batch_lib.padded_size(n, buckets) for s, n in zip(sizes, (200, 300, 150, 100,
                                                                            330, 100)))
-  resumed = dict(meta)              # what the checkpoint metadata holds
-  assert loop_lib._padded_size(loop, resumed, 100) == 416
-  assert loop_lib._padded_size(loop, {}, 100) == batch_lib.padded_size(100, buckets) == 128
+  resumed = loop_lib.LoopState.from_record(loop_lib.LoopState(padded_size=size).record())
+  assert loop_lib._padded_size(loop, resumed.padded_size, 100) == 416
+  assert loop_lib._padded_size(loop, 0, 100) == batch_lib.padded_size(100, buckets) == 128
   fixed = types.SimpleNamespace(buckets=None, batch_size=640)
-  assert loop_lib._padded_size(fixed, {}, 100) == 640
+  assert loop_lib._padded_size(fixed, 0, 100) == 640
