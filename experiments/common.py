@@ -17,6 +17,7 @@ from absl import logging
 from ml_collections import config_flags
 
 from gp_jax import errors
+from gp_jax.runs import config_defaults
 
 # OSErrors about the storage rather than about the program: reported in one line, exit 2.
 _STORAGE_ERRNOS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM,
@@ -72,14 +73,24 @@ def _config_flag_error(e: Exception):
   sys.exit(2)
 
 
-def define_config(default: str, help_text: str):
+# Whether the runner's --config is a GraphPlanner config, completed once parsed (define_config).
+_COMPLETE_CONFIG = False
+
+
+def define_config(default: str, help_text: str, *, complete: bool = False):
   """config_flags.DEFINE_config_file("config", ...) for a runner module.
+
+  complete: a GraphPlanner config (experiments/configs/default.py and those made from it): once
+  the flags are parsed, the fields an older config file lacks are added with their values
+  (gp_jax/runs/config_defaults.py), so the library reads every field as an attribute.
 
   `default` is relative to the repository root (so a runner works from any directory).
   ml_collections applies `--config.<field>=...` overrides on the default config while the flag is
   defined (at import, when no --config is given) and on the given config while flags are parsed
   (see `run`); an unknown or mistyped field raised a traceback in both places. Here it is one
   `error:` line and exit status 2."""
+  global _COMPLETE_CONFIG
+  _COMPLETE_CONFIG = complete
   if not pathlib.Path(default).is_absolute():
     default = str(REPO / default)
   try:
@@ -149,6 +160,8 @@ def _parse_flags(argv):
     path = _config_argument(argv).split(":", 1)[0] or "the default config"
     _fail(f"--config: cannot load {path}: {type(e).__name__}: {_one_line(e)}")
   _check_config_loads(argv)
+  if _COMPLETE_CONFIG and flags.FLAGS["config"].value is not None:
+    config_defaults.complete(flags.FLAGS["config"].value)
   return rest
 
 

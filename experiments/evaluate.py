@@ -8,7 +8,7 @@ from absl import flags
 from experiments import common
 from gp_jax.runs import pipeline
 
-_CONFIG = common.define_config("experiments/configs/default.py", "Run config.")
+_CONFIG = common.define_config("experiments/configs/default.py", "Run config.", complete=True)
 _WORKDIR = flags.DEFINE_string("workdir", "workdirs/default", "Workdir of a training run.")
 _TAG = flags.DEFINE_string("tag", "eval", "Name of the report files written in the workdir.")
 

@@ -12,7 +12,7 @@ from gp_jax import errors
 from gp_jax.runs import system as system_lib
 from gp_jax.runs.studies import runner
 
-_CONFIG = common.define_config("experiments/configs/study.py", "Study config.")
+_CONFIG = common.define_config("experiments/configs/study.py", "Study config.", complete=True)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the test queries and the sampled outcomes.")
 
 

@@ -15,7 +15,7 @@ from gp_jax.runs.studies import definitions
 from gp_jax.runs.studies import drift
 from gp_jax.runs.studies import runner
 
-_CONFIG = common.define_config("experiments/configs/study.py", "Study config.")
+_CONFIG = common.define_config("experiments/configs/study.py", "Study config.", complete=True)
 _STUDY = flags.DEFINE_string("study", None, "phases | unseen | ablations | roles | drift",
                              required=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory (default workdirs/studies/<study>).")

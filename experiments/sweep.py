@@ -9,7 +9,7 @@ from absl import flags
 from experiments import common
 from gp_jax.runs import sweep
 
-_CONFIG = common.define_config("experiments/configs/sweep.py", "Sweep config.")
+_CONFIG = common.define_config("experiments/configs/sweep.py", "Sweep config.", complete=True)
 _WORKDIR = flags.DEFINE_string("workdir", "workdirs/sweep", "Sweep directory (cells, labels).")
 
 

@@ -9,7 +9,7 @@ from absl import flags
 from experiments import common
 from gp_jax.runs import pipeline
 
-_CONFIG = common.define_config("experiments/configs/default.py", "Run config.")
+_CONFIG = common.define_config("experiments/configs/default.py", "Run config.", complete=True)
 _WORKDIR = flags.DEFINE_string("workdir", "workdirs/default", "Checkpoints, metrics and reports.")
 _EVALUATE = flags.DEFINE_bool("evaluate", True, "Evaluate after training.")
 

@@ -27,8 +27,8 @@ def evaluate_run(config, workdir, *, tag: str = "eval", system=None, verbose: bo
                              baselines=bool(config.eval.baselines),
                              optimum=bool(config.eval.optimum),
                              parallel=int(config.train.parallel), seed=int(config.seed),
-                             online_history=bool(config.eval.get("online_history", False)),
-                             online_recent_rows=int(config.eval.get("online_recent_rows", 0)),
+                             online_history=bool(config.eval.online_history),
+                             online_recent_rows=int(config.eval.online_recent_rows),
                              progress=verbose)
   counters = evaluation.pool_counters(before, system.pool.stats())
   v = evaluation.write(rows, float(config.alpha), pathlib.Path(workdir) / tag,

@@ -22,11 +22,10 @@ def ppo_settings(config) -> ppo.PPOSettings:
       gae_lambda=float(p.gae_lambda), value_coef=float(p.value_coef),
       entropy_coef=float(p.entropy_coef), max_grad_norm=float(p.max_grad_norm),
       value_lr_multiplier=float(p.value_lr_multiplier),
-      lr_schedule=p.get("lr_schedule", "constant"),
-      lr_final_fraction=float(p.get("lr_final_fraction", 0.0)),
-      entropy_schedule=p.get("entropy_schedule", "constant"),
-      entropy_final_fraction=float(p.get("entropy_final_fraction", 0.0)),
-      entropy_stop=float(p.get("entropy_stop", 0.0)))
+      lr_schedule=p.lr_schedule, lr_final_fraction=float(p.lr_final_fraction),
+      entropy_schedule=p.entropy_schedule,
+      entropy_final_fraction=float(p.entropy_final_fraction),
+      entropy_stop=float(p.entropy_stop))
 
 
 def router_r1_settings(config) -> ppo.PPOSettings:
@@ -35,10 +34,10 @@ def router_r1_settings(config) -> ppo.PPOSettings:
   (config.sweep.r1_learning_rate, r1_entropy_coef); one learning rate, constant schedules."""
   s, p = config.sweep, config.ppo
   return ppo.PPOSettings(
-      learning_rate=float(s.get("r1_learning_rate", 1e-3)), epochs=int(p.epochs),
+      learning_rate=float(s.r1_learning_rate), epochs=int(p.epochs),
       num_minibatches=int(p.num_minibatches), clip_eps=float(p.clip_eps), gamma=float(p.gamma),
       gae_lambda=float(p.gae_lambda), value_coef=float(p.value_coef),
-      entropy_coef=float(s.get("r1_entropy_coef", 0.01)), max_grad_norm=float(p.max_grad_norm))
+      entropy_coef=float(s.r1_entropy_coef), max_grad_norm=float(p.max_grad_norm))
 
 
 def num_updates(config) -> int:

@@ -183,9 +183,9 @@ def multi_kwargs_from_config(config) -> dict:
   """Hyperparameters of the multi-round routers from config.sweep (Router-R1's PPO clip, epochs,
   minibatches, gamma, lambda, value weight and grad clip are GraphPlanner's config.ppo ones)."""
   s = config.sweep
-  return dict(knn_k=int(s.knn_k), router_llm=str(s.get("router_llm", "")),
-              r1_hidden=int(s.get("r1_hidden", 64)), r1_episodes=int(s.get("r1_episodes", 512)),
-              r1_batch=int(s.get("r1_batch", 32)), r1_reward=str(config.train.reward),
+  return dict(knn_k=int(s.knn_k), router_llm=str(s.router_llm), r1_hidden=int(s.r1_hidden),
+              r1_episodes=int(s.r1_episodes), r1_batch=int(s.r1_batch),
+              r1_reward=str(config.train.reward),
               r1_ppo=ppo_config.router_r1_settings(config))
 
 
@@ -201,8 +201,8 @@ def sweep_from_config(config, workdir, *, verbose: bool = True) -> dict:
                                       steps=int(s.router_steps),
                                       learning_rate=float(s.router_learning_rate),
                                       weight_decay=float(s.router_weight_decay),
-                                      graph_hidden=int(s.get("graph_hidden", 32)),
-                                      graph_steps=int(s.get("graph_steps", 300)),
-                                      routerdc_steps=int(s.get("routerdc_steps", 300))),
-                   multi_routers=list(config_lists.names(s.get("multi_routers", ""))),
+                                      graph_hidden=int(s.graph_hidden),
+                                      graph_steps=int(s.graph_steps),
+                                      routerdc_steps=int(s.routerdc_steps)),
+                   multi_routers=list(config_lists.names(s.multi_routers)),
                    multi_kwargs=multi_kwargs_from_config(config), verbose=verbose)

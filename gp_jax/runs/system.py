@@ -153,10 +153,9 @@ def _checked_mdp(config, roles: roles_lib.RoleSet) -> mdp.MDPConfig:
 
 
 def _events(config, llms: list[str]) -> sim_events.PoolEvents | None:
-  """The simulated pool's events of config.data.sim_events (None: the section is absent)."""
-  events_cfg = config.data.get("sim_events")
-  events = sim_events.from_config(events_cfg, llms=llms, domains={v[0] for v in sim.TASKS.values()},
-                                  tasks=sim.TASKS) if events_cfg is not None else None
+  """The simulated pool's events of config.data.sim_events (None: every event is off)."""
+  events = sim_events.from_config(config.data.sim_events, llms=llms,
+                                  domains={v[0] for v in sim.TASKS.values()}, tasks=sim.TASKS)
   if events is not None and (config.data.source != "simulated" or config.backend != "simulator"):
     raise errors.ConfigError("config.data.sim_events change the simulated pool: they need "
                              "data.source='simulated' and backend='simulator'")
@@ -185,7 +184,7 @@ def _task_names(value: str, field: str) -> list[str]:
 
 def _simulated_data(config, catalog: catalog_lib.Catalog, events) -> _Data:
   world = sim.SimWorld(sim.load_profiles(catalog),
-                       unique_texts=bool(config.data.get("sim_unique_texts", True)),
+                       unique_texts=bool(config.data.sim_unique_texts),
                        events=events)
   tasks = _task_names(config.data.tasks, "data.tasks")
   test_tasks = (_task_names(config.data.test_tasks, "data.test_tasks")

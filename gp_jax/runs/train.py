@@ -34,9 +34,9 @@ def make_model(config, spec: features_lib.FeatureSpec | None = None) -> garnet_l
   """
   m = config.model
   history = m.history
-  encoder = m.get("encoder", "garnet")
-  k = m.get("retrieval_k", 5)
-  heads = m.get("attention_heads", 4)
+  encoder = m.encoder
+  k = m.retrieval_k
+  heads = m.attention_heads
   _check_model(m, history, encoder, k, heads)
   kw = {}
   if encoder != "garnet":
@@ -75,10 +75,9 @@ def _check_model(m, history, encoder, k, heads) -> None:
 
 
 def make_mesh(config, *, local: bool = False):
-  """The learner's device mesh of config.parallel.devices (0 or absent = all devices); local: this
+  """The learner's device mesh of config.parallel.devices (0 = all devices); local: this
   process's devices only (the rollout's history refresh)."""
-  par = config.get("parallel") or {}
-  devices = int(par.get("devices", 0))
+  devices = int(config.parallel.devices)
   if devices < 0:
     raise errors.ConfigError(f"config.parallel.devices must be >= 0 (0 = all), got {devices}")
   return parallel.make_mesh(devices, local=local)
@@ -95,13 +94,12 @@ def enable_compile_cache(path: str) -> None:
 
 def init_distributed(config) -> None:
   """Joins the multi-process job of config.parallel when parallel.distributed is set (before any
-  other JAX work; a no-op once joined or when the section is absent)."""
-  par = config.get("parallel")
-  if par is None or not par.get("distributed", False):
+  other JAX work; a no-op once joined)."""
+  par = config.parallel
+  if not par.distributed:
     return
-  parallel.initialize(coordinator=str(par.get("coordinator", "")),
-                      num_processes=int(par.get("num_processes", 0)),
-                      process_id=int(par.get("process_id", -1)))
+  parallel.initialize(coordinator=str(par.coordinator), num_processes=int(par.num_processes),
+                      process_id=int(par.process_id))
 
 
 def validate(config) -> None:
@@ -112,30 +110,19 @@ def validate(config) -> None:
             (p.num_minibatches >= 1, "ppo.num_minibatches >= 1"), (0 < p.clip_eps < 1, "0 < ppo.clip_eps < 1"),
             (p.learning_rate > 0, "ppo.learning_rate > 0"), (0 <= p.gamma <= 1, "0 <= ppo.gamma <= 1"),
             (0 <= p.gae_lambda <= 1, "0 <= ppo.gae_lambda <= 1"), (config.alpha >= 0, "alpha >= 0"),
-            (0 <= p.get("lr_final_fraction", 0.0) <= 1, "0 <= ppo.lr_final_fraction <= 1"),
-            (0 <= p.get("entropy_final_fraction", 0.0) <= 1, "0 <= ppo.entropy_final_fraction <= 1"),
+            (0 <= p.lr_final_fraction <= 1, "0 <= ppo.lr_final_fraction <= 1"),
+            (0 <= p.entropy_final_fraction <= 1, "0 <= ppo.entropy_final_fraction <= 1"),
             (config.model.history_capacity >= 0, "model.history_capacity >= 0"),
-            (config.eval.get("online_recent_rows", 0) >= 0, "eval.online_recent_rows >= 0"),
-            (not config.eval.get("online_recent_rows", 0) or config.eval.get("online_history", False),
+            (config.eval.online_recent_rows >= 0, "eval.online_recent_rows >= 0"),
+            (not config.eval.online_recent_rows or config.eval.online_history,
              "eval.online_history=True with eval.online_recent_rows > 0"),
             (t.checkpoint_every >= 1, "train.checkpoint_every >= 1"),
-            (t.get("padding", "fixed") in rl_loop.PADDINGS, f"train.padding in {rl_loop.PADDINGS}")]
+            (t.padding in rl_loop.PADDINGS, f"train.padding in {rl_loop.PADDINGS}")]
   for ok, what in checks:
     if not ok:
       raise errors.ConfigError(f"invalid config: need {what}")
   ppo_config.ppo_settings(config)          # unknown ppo.lr_schedule / entropy_schedule names
   make_model(config)                        # model errors before anything is built
-
-
-# Configs recorded before config.train.reward existed trained on the sampled score, so that is
-# their reward; every config made since carries the field (default config: "auto").
-REWARD_OF_OLDER_CONFIGS = "sampled"
-
-
-def train_reward(config) -> str:
-  """The training reward kind of `config` (config.train.reward; REWARD_OF_OLDER_CONFIGS when an
-  older recorded config has no such field)."""
-  return config.train.get("reward", REWARD_OF_OLDER_CONFIGS)
 
 
 def loop_settings(config, max_calls: int) -> rl_loop.LoopSettings:
@@ -147,7 +134,7 @@ def loop_settings(config, max_calls: int) -> rl_loop.LoopSettings:
       seed=config.seed, checkpoint_every=t.checkpoint_every, entropy_stop=config.ppo.entropy_stop,
       max_calls=max_calls, history=config.model.history,
       history_capacity=int(config.model.history_capacity),
-      background_checkpoints=bool(t.get("background_checkpoints", False)))
+      background_checkpoints=bool(t.background_checkpoints))
 
 
 def check_workdir(config, workdir: pathlib.Path) -> None:
@@ -176,7 +163,7 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   init_distributed(config)
   verbose = verbose and jax.process_index() == 0   # only process 0 prints
   mesh = make_mesh(config)   # too many devices asked: error before the workdir is touched
-  enable_compile_cache(config.get("compile_cache", ""))
+  enable_compile_cache(config.compile_cache)
   workdir = pathlib.Path(workdir)
   check_workdir(config, workdir)
   if verbose:
@@ -185,13 +172,13 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
                       f"more without a warm XLA cache)")
   sysm = system or system_lib.build(config)
   settings = loop_settings(config, ppo_config.max_calls(sysm))
-  env = sysm.env(float(config.alpha), reward=train_reward(config))
+  env = sysm.env(float(config.alpha), reward=config.train.reward)
   model = make_model(config, sysm.featurizer.spec)
   optimizer = ppo_config.make_optimizer(config)
   update, batch_size = ppo_config.make_update(config, sysm, model, optimizer,
                                                int(config.train.episodes_per_iter), mesh)
   buckets = None   # fixed padding: every batch is batch_size transitions
-  if config.train.get("padding", "fixed") == "buckets":
+  if config.train.padding == "buckets":
     unit = batch_lib.batch_size_for(1, 1, int(config.ppo.num_minibatches), mesh.size)
     buckets = batch_lib.padding_buckets(batch_size, unit)
   return rl_loop.train(workdir, env=env, featurizer=sysm.featurizer, queries=sysm.train_queries,

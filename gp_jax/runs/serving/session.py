@@ -54,6 +54,7 @@ from gp_jax.graph import features as features_lib
 from gp_jax.llm import base
 from gp_jax.rl import decisions
 from gp_jax.rl import rollout
+from gp_jax.runs import config_defaults
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
@@ -143,7 +144,8 @@ def _overridable(key: str) -> bool:
 
 
 def load_config(workdir, overrides: dict | None = None) -> ml_collections.ConfigDict:
-  """The config a training workdir recorded, with runtime overrides applied.
+  """The config a training workdir recorded, with runtime overrides applied (and the fields
+  added since it was recorded: config_defaults.complete).
 
   Args:
     workdir: a training run's directory (config.json, checkpoints/).
@@ -167,7 +169,7 @@ def load_config(workdir, overrides: dict | None = None) -> ml_collections.Config
     if isinstance(value, (tuple, list)):
       value = list(value)
     flat[key] = value
-  return _unflatten(flat)
+  return config_defaults.complete(_unflatten(flat))
 
 
 # ---- batched decisions ---------------------------------------------------------------------------
@@ -223,7 +225,7 @@ class RouterSession:
     if max_queue is not None and max_queue < 0:
       raise errors.ConfigError(f"--max_queue must be >= 0, got {max_queue}")
     self.max_queue = 4 * max_concurrency if max_queue is None else int(max_queue)
-    training.enable_compile_cache(config.get("compile_cache", ""))
+    training.enable_compile_cache(config.compile_cache)
     self.workdir = pathlib.Path(workdir)
     self.sync_interval_s = float(sync_interval_s)
     self._load_router(config, pool, default_task)

@@ -100,9 +100,9 @@ def roles(config) -> list[Variant]:
   cap = max(int(config.mdp.step_cap),
             system_lib.mdp_config(config.mdp).max_calls(thinker=True, verifier=True))
   base = {}
-  if config.study.get("roles_llms", ""):
+  if config.study.roles_llms:
     base["llms"] = str(config.study.roles_llms)
-  if int(config.study.get("roles_n_test", 0)):
+  if int(config.study.roles_n_test):
     base["data.n_test"] = int(config.study.roles_n_test)
   new = {"roles": NEW_ROLES, "mdp.step_cap": cap}
   return [

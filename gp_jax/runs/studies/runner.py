@@ -149,7 +149,7 @@ def few_shot_update(config, system, model, params, history, n: int, seed: int, *
   chunks = [[queries[(r * per_round + i) % len(queries)] for i in range(per_round)]
             for r in range(rounds)]
   runner = rollout.PolicyRunner(model, system.featurizer.hub_features, int(config.train.parallel))
-  env = system.env(float(config.alpha), reward=training.train_reward(config))
+  env = system.env(float(config.alpha), reward=config.train.reward)
   optimizer = ppo_config.make_optimizer(config)
   update, batch_size = ppo_config.make_update(config, system, model, optimizer, len(chunks[0]))
   params = jax.tree_util.tree_map(jnp.copy, params)   # the update donates its state's buffers
@@ -345,7 +345,7 @@ class StudyRunner:
     # Everything the reference rows depend on: the evaluation system, not the router.
     key = variant_key(dict(llms=ecfg.llms, roles=ecfg.roles, mdp=ecfg.mdp.to_dict(),
                     data=ecfg.data.to_dict(), alpha=ecfg.alpha, catalog=ecfg.catalog_file,
-                    reward=ecfg.train.get("reward", "")))
+                    reward=ecfg.train.reward))
     path = ref_dir / f"{key}_seed{seed}.json"
     if path.exists():
       rows = json.loads(path.read_text())["rows"]
