@@ -10,6 +10,7 @@ import os
 import pathlib
 import subprocess
 import sys
+import tempfile
 
 import jax.numpy as jnp
 import numpy as np
@@ -320,9 +321,9 @@ def test_unwritable_workdir_is_one_error_line(tmp_path):
 
 def test_read_only_config_write_is_a_storage_error(tmp_path, monkeypatch):
   """EROFS (a read-only file system) on the config record: StorageError naming the file."""
-  def refuse(self, *args, **kwargs):
-    raise OSError(errno.EROFS, "Read-only file system", str(self))
-  monkeypatch.setattr(pathlib.Path, "write_text", refuse)
+  def refuse(*args, dir=None, **kwargs):
+    raise OSError(errno.EROFS, "Read-only file system", str(dir))
+  monkeypatch.setattr(tempfile, "mkstemp", refuse)
   with pytest.raises(errors.StorageError, match="config.json: cannot write.*Read-only file system"):
     workdir_config.check_or_record(tmp_path, config(), what="training run")
   assert not list(tmp_path.iterdir())

@@ -22,7 +22,7 @@ import urllib.request
 from typing import Iterable, Mapping, Sequence
 
 from gp_jax import errors
-from gp_jax import paths
+from gp_jax import files
 from gp_jax.llm import catalog as catalog_lib
 
 
@@ -119,13 +119,8 @@ def write_endpoints(path: str | os.PathLike, endpoints: EndpointMap) -> pathlib.
   """Writes the file atomically (a reader never sees half a file)."""
   path = pathlib.Path(path)
   parse_endpoints(dump_endpoints(endpoints), source=str(path))
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = paths.mkstemp_beside(path)
-  with os.fdopen(fd, "w") as f:
-    json.dump(dump_endpoints(endpoints), f, indent=2)
-    f.write("\n")
-  os.replace(tmp, path)
-  return path
+  return files.write_atomic(path, json.dumps(dump_endpoints(endpoints), indent=2) + "\n",
+                            "the endpoints file", parents=True)
 
 
 def served_models(base_url: str, timeout_s: float = 5.0) -> list[str]:

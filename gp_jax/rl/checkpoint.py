@@ -48,6 +48,7 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from gp_jax import errors
+from gp_jax import files
 from gp_jax.graph import history as history_lib
 
 INTEGRITY_FILE = "gp_jax_files.json"   # {relative path: [size, sha256]} of a finished step
@@ -102,11 +103,10 @@ def _files(step_dir: pathlib.Path) -> list[pathlib.Path]:
 
 
 def write_integrity(step_dir: pathlib.Path) -> None:
-  """Records size and SHA-256 of every file of a finished step (atomically: tmp + rename)."""
+  """Records size and SHA-256 of every file of a finished step (files.write_atomic)."""
   table = {str(p.relative_to(step_dir)): [p.stat().st_size, _sha256(p)] for p in _files(step_dir)}
-  tmp = step_dir / f"{INTEGRITY_FILE}.{os.getpid()}.tmp"
-  tmp.write_text(json.dumps(table, indent=0, sort_keys=True))
-  os.replace(tmp, step_dir / INTEGRITY_FILE)
+  files.write_atomic(step_dir / INTEGRITY_FILE, json.dumps(table, indent=0, sort_keys=True),
+                     "the checkpoint's integrity record")
 
 
 def check_integrity(step_dir: pathlib.Path) -> str | None:

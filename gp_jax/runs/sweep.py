@@ -46,9 +46,8 @@ def _labels(system, workdir: pathlib.Path, seed: int) -> labels_lib.RoutingData:
         and data.llm_x is not None):
       return data
   data = labels_lib.collect(system, system.train_queries, seed=seed)
-  tmp = path.with_suffix(".tmp.npz")
-  data.save(tmp)
-  tmp.replace(path)
+  with files.atomic_file(path, "the routing labels") as f:
+    data.save(f)
   return data
 
 

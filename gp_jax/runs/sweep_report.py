@@ -14,6 +14,7 @@ import pathlib
 import numpy as np
 
 from gp_jax import errors
+from gp_jax import files
 from gp_jax import stats
 from gp_jax.runs import sweep as sweep_lib
 
@@ -270,7 +271,4 @@ def write_report(workdir: str | pathlib.Path, out: str | pathlib.Path | None = N
   png = out.with_name(out.stem + "_pareto.png") if figure else None
   if png is not None:
     plot(agg, png)
-  tmp = out.with_suffix(".tmp")
-  tmp.write_text(markdown(agg, cells, png.name if png else None))
-  tmp.replace(out)
-  return out
+  return files.write_atomic(out, markdown(agg, cells, png.name if png else None), "the report")

@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import ast
 import json
-import os
 import pathlib
 from typing import Iterable
 
 from gp_jax import errors
-from gp_jax import paths
+from gp_jax import files
 from gp_jax import types
 from gp_jax.tasks import code_eval
 from gp_jax.tasks import metrics
@@ -222,18 +221,14 @@ def query_to_row(q: types.Query) -> dict:
 
 
 def write_queries(path, queries: Iterable[types.Query]) -> int:
-  """Writes rows as JSONL atomically (temporary file, then rename). Returns the row count."""
-  path = pathlib.Path(path)
-  path.parent.mkdir(parents=True, exist_ok=True)
-  fd, tmp = paths.mkstemp_beside(path, suffix="")
+  """Writes rows as JSONL atomically (files.atomic_file). Returns the row count.
+
+  Raises:
+    StorageError: the file cannot be written; `path` keeps its previous contents.
+  """
   n = 0
-  try:
-    with os.fdopen(fd, "w", encoding="utf-8") as f:
-      for q in queries:
-        f.write(json.dumps(query_to_row(q), ensure_ascii=False) + "\n")
-        n += 1
-    os.replace(tmp, path)
-  except BaseException:
-    pathlib.Path(tmp).unlink(missing_ok=True)
-    raise
+  with files.atomic_file(path, "the task rows", parents=True) as f:
+    for q in queries:
+      f.write((json.dumps(query_to_row(q), ensure_ascii=False) + "\n").encode("utf-8"))
+      n += 1
   return n

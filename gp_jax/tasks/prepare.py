@@ -276,6 +276,9 @@ def prepare_data(out_dir, *, tasks: Sequence[str] | None = None, seed: int = 0,
 
 
 def _write_all(out: pathlib.Path, outputs, reports, seed: int):
+  """Writes every split and the manifest into a staging folder first, then renames them into
+  `out` (the manifest last): a full disk or a bad row fails before any file of `out` changes.
+  One file at a time, the atomic writes are files.atomic_file's (write_queries)."""
   out.mkdir(parents=True, exist_ok=True)
   staging = pathlib.Path(tempfile.mkdtemp(prefix=".staging-", dir=out))
   try:

@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from gp_jax import errors
+from gp_jax import files
 from gp_jax.counselor.kg import graph_store
 from gp_jax.text import encoder as encoder_lib
 
@@ -184,10 +185,8 @@ def build_index(graph: graph_store.KnowledgeGraph, encoder: encoder_lib.TextEnco
     for lo in range(0, len(texts), batch_size):
       emb[lo:lo + batch_size] = enc.encode(texts[lo:lo + batch_size])
     if path is not None:
-      path.parent.mkdir(parents=True, exist_ok=True)
-      tmp = path.with_suffix(".tmp.npy")
-      np.save(tmp, emb)
-      tmp.replace(path)
+      with files.atomic_file(path, "the node embeddings", parents=True) as f:
+        np.save(f, emb)
   index = NodeIndex(graph, emb, encoder, k=k)
   with _CACHE_LOCK:
     _CACHE[key] = index

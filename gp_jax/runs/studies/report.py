@@ -20,6 +20,7 @@ import pathlib
 import numpy as np
 
 from gp_jax import errors
+from gp_jax import files
 from gp_jax import stats
 from gp_jax.runs import sweep_report
 from gp_jax.runs.studies import drift
@@ -268,7 +269,4 @@ def write_full_report(root: str | pathlib.Path, out: str | pathlib.Path) -> path
     found = True
   if not found:
     raise errors.DataError(f"{root}: no finished sweep, study or counselor runs found")
-  tmp = out.with_suffix(".tmp")
-  tmp.write_text("\n".join(parts) + "\n")
-  tmp.replace(out)
-  return out
+  return files.write_atomic(out, "\n".join(parts) + "\n", "the report")
