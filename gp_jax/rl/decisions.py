@@ -29,6 +29,7 @@ import numpy as np
 from gp_jax.graph import features as features_lib
 from gp_jax.rl import rollout
 from gp_jax.util import aio
+from gp_jax.util import buckets as buckets_lib
 
 
 @dataclasses.dataclass(frozen=True)
@@ -80,7 +81,7 @@ class DecisionBatcher:
 
   def bucket(self, n: int) -> int:
     """The padded size of a batch of n decisions (n <= the largest bucket)."""
-    return next(b for b in self.buckets if b >= n)
+    return buckets_lib.bucket(n, self.buckets)
 
   def _ids(self, ids: Sequence[int]) -> np.ndarray:
     out = np.zeros(self.num_ids, np.uint32)

