@@ -36,10 +36,10 @@ import time
 import aiohttp
 import numpy as np
 
+from experiments import serve_router_process as process
 from gp_jax import paths
 from gp_jax.llm import catalog as catalog_lib
 from gp_jax.runs import system as system_lib
-from gp_jax.runs.serving import process
 
 
 def start_test_server(latency_s: float, models: list[str]) -> tuple[subprocess.Popen, str]:

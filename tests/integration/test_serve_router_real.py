@@ -11,9 +11,9 @@ import json
 import openai
 import pytest
 
+from experiments import serve_router_process as process
 from experiments.configs import test as test_config
 from gp_jax.llm import catalog as catalog_lib
-from gp_jax.runs.serving import process
 from gp_jax.runs.serving import store
 
 pytestmark = pytest.mark.integration

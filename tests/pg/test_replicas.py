@@ -14,9 +14,9 @@ import uuid
 import openai
 import pytest
 
+from experiments import serve_router_process as process
 from experiments.configs import test as test_config
 from gp_jax.runs.serving import pg_store
-from gp_jax.runs.serving import process
 
 pytestmark = pytest.mark.pg
 

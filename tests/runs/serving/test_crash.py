@@ -12,9 +12,9 @@ import time
 import urllib.error
 import urllib.request
 
+from experiments import serve_router_process as process
 from experiments.configs import test as test_config
 from gp_jax import paths
-from gp_jax.runs.serving import process
 from gp_jax.runs.serving import store
 
 QUERY = "Which planet in the solar system has the most moons?"

@@ -18,10 +18,10 @@ import aiohttp
 import openai
 import pytest
 
+from experiments import serve_router_process as process
 from experiments.configs import test as test_config
 from gp_jax.llm import testing_server
 from gp_jax.runs.serving import conversation
-from gp_jax.runs.serving import process
 from gp_jax.workflow import prompts
 
 QUERY = "Which planet in the solar system has the most moons, and how many were confirmed by 2023?"

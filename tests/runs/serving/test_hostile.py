@@ -19,9 +19,9 @@ import urllib.parse
 import openai
 import pytest
 
+from experiments import serve_router_process as process
 from gp_jax import paths
 from gp_jax.runs.serving import auth
-from gp_jax.runs.serving import process
 from gp_jax.runs.serving import store
 
 KEYS = {"alice": ("sk-alice-7f3a9c", "client"), "bob": ("sk-bob-52e1d0", "client"),

@@ -16,11 +16,11 @@ import numpy as np
 import openai
 import pytest
 
+from experiments import serve_router_process as process
 from experiments.configs import test as test_config
 from gp_jax import paths
 from gp_jax.llm import catalog as catalog_lib
 from gp_jax.llm import testing_server
-from gp_jax.runs.serving import process
 from gp_jax.runs.serving import store
 from gp_jax.runs.serving import store_api
 

@@ -1,5 +1,6 @@
-"""Starts experiments/serve_router.py as a child process and waits until it serves (tests,
-benchmarks, the integration stage)."""
+"""Starts the router server (experiments/serve_router.py) as a child process and waits until it
+serves (tests, benchmarks, the integration stage). It sits next to the runner it starts: the
+library (gp_jax/) never starts a runner."""
 from __future__ import annotations
 
 import os
