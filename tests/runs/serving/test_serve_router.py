@@ -237,8 +237,18 @@ def _num_hubs() -> int:
   return len(c.roles.split(",")) * len(c.llms.split(","))
 
 
-def test_memory_is_bounded_and_survives_kill_9_and_restart(served, workdir, tmp_path):
-  srv, memory_path, route_log = served
+def test_memory_is_bounded_and_survives_kill_9_and_restart(workdir, tmp_path):
+  """Its own server (the kill would stop the module's shared one for the tests after it)."""
+  memory_path, route_log = tmp_path / "memory.npz", tmp_path / "routes.jsonl"
+  srv = process.RouterProcess([f"--workdir={workdir}", f"--memory_path={memory_path}"],
+                              tmp_path / "server.log").start()
+  try:
+    _fill_kill_and_restart(srv, workdir, tmp_path, memory_path, route_log)
+  finally:
+    srv.stop()
+
+
+def _fill_kill_and_restart(srv, workdir, tmp_path, memory_path, route_log):
   capacity = test_config.get_config().model.history_capacity
   client = _client(srv)
   ids = []
@@ -252,6 +262,8 @@ def test_memory_is_bounded_and_survives_kill_9_and_restart(served, workdir, tmp_
     status, _, body = _http(srv, "/v1/feedback", {"id": c.id, "score": 0.5})
     assert status == 200, body
   assert _get(srv, "/v1/memory")["rows"] == capacity
+  client.chat.completions.create(model="graphplanner",   # one served request left unscored
+                                 messages=[{"role": "user", "content": f"unscored {QUERY}"}])
   before = _get(srv, "/v1/memory")
   served_ids = [r["id"] for r in _all_routes(srv)]
   srv.stop(signal.SIGKILL)   # a crash: no clean shutdown
