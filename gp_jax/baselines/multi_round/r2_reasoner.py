@@ -7,8 +7,8 @@ Reinforced Model Router" (R2-Reasoner), arXiv 2506.05901 (v1 June 2025, v2); rea
 (v1 and v2) and a public overview of its method. What each part below takes from it, and what is
 adapted to GraphPlanner's workflow MDP and simulator:
 
-  Decomposer (faithful in role, adapted in form). R2-Reasoner's task decomposer "segments complex
-    input queries into logically ordered subtasks" (v1 abstract). Here it is the Planner call of a
+  Decomposer (faithful in role, adapted in form). R2-Reasoner's task decomposer splits a complex
+    query into subtasks in logical order (v1 abstract). Here it is the Planner call of a
     pool LLM (the decomposer LLM P) at the root, which writes one sub-question per step of the
     query up to the MDP's max_width; a flat, one-level decomposition, as R2-Reasoner's list of
     subtasks. R2-Reasoner fine-tunes its own decomposer model; the MDP has no such model, so
@@ -16,20 +16,18 @@ adapted to GraphPlanner's workflow MDP and simulator:
     planner whose plans, executed and merged by one LLM, give the best mean training reward:
     the supervised stage), then again with the refined allocator in the loop (the alternating
     stage, below).
-  Subtask allocator (faithful in principle). R2-Reasoner's allocator "assigns each subtask to the
-    most appropriate model, ranging from lightweight SLMs to powerful LLMs" by the subtask's
-    estimated difficulty, "balancing accuracy and efficiency" (v1 abstract; "routing sub-tasks
-    based on estimated complexity"). Here the allocator estimates one difficulty d(s) per
+  Subtask allocator (faithful in principle). R2-Reasoner's allocator gives each subtask a model
+    of the pool, from small to large, by the subtask's estimated complexity, trading accuracy
+    against cost (v1 abstract). Here the allocator estimates one difficulty d(s) per
     sub-question (an MLP over its text embedding) and holds one capability c_m per LLM; the
     predicted success of LLM m on s is sigmoid(c_m - d(s)) (a one-parameter item-response model:
     one difficulty scale, on which the pool is ordered), and the allocation at cost weight alpha
     is argmax_m sigmoid(c_m - d(s)) - alpha * cost_m, cost_m the LLM's mean Executor cost on the
     training sub-questions. R2-Reasoner's allocator is a fine-tuned language model; this is a
     small network with the same inputs (the subtask) and outputs (a model per subtask).
-  Staged training (faithful in structure). R2-Reasoner trains its router with "a staged pipeline
-    that combines supervised fine-tuning on task-specific datasets with Group Relative Policy
-    Optimization" and "a two-stage alternating process for the decomposer and the allocator"
-    (v1 and v2 abstracts). Here:
+  Staged training (faithful in structure). R2-Reasoner trains its router in stages: supervised
+    fine-tuning on task-specific data, then Group Relative Policy Optimization (v1 abstract), the
+    decomposer and the allocator in two alternating stages (v2 abstract). Here:
       1. SFT (alpha-independent, once per fit): the allocator is fitted by cross-entropy to the
          soft labels of the training sub-questions (knn.collect_pipeline_labels: every pool
          planner's sub-questions of every training query, each executed by every LLM; the label
