@@ -55,6 +55,18 @@ def test_runs_valid_pipelines_to_the_end(system, router):
                                                           for s in states]
 
 
+def test_scoring_compiles_once_per_size_class(system, router):
+  params = router.train(0.0)["params"]
+  texts = [q.query for q in system.train_queries[:8]]
+  router.scores(params, texts[:1], 0.0)
+  size = r2.scores_jit._cache_size()
+  for n in range(1, 9):              # 1..8 texts: one padded size; alpha is traced, not static
+    router.scores(params, texts[:n], 0.1 * n)
+  assert r2.scores_jit._cache_size() == size
+  np.testing.assert_allclose(router.scores(params, texts[:3], 0.2),
+                             router.scores(params, texts[:8], 0.2)[:3], rtol=1e-6)
+
+
 def test_multi_step_queries_are_decomposed_into_several_sub_questions(system, router):
   states = router.run(system, 0.0, system.test_queries, seed=0)
   width = system.mdp_cfg.max_width

@@ -132,7 +132,7 @@ def scores(params: dict, xs: jax.Array, cost: jax.Array, alpha: float) -> jax.Ar
   return success(params, xs) - alpha * cost[None, :]
 
 
-_scores_jit = jax.jit(scores)
+scores_jit = jax.jit(scores)   # scores in one compiled call (R2Reasoner.scores pads its rows)
 
 
 def sft_loss(params: dict, key, xs: jax.Array, utility: jax.Array, *, weight_decay: float):
@@ -148,7 +148,8 @@ def grpo_loss(params: dict, ref_params: dict, xs: jax.Array, chosen: jax.Array, 
               kl_coef: float, num_episodes: int):
   """GRPO with one step per batch: -sum(adv * log pi(chosen)) / episodes + kl_coef * mean KL.
 
-  xs [T, D]: every allocated sub-question of the batch's episodes (padded); chosen [T] the LLM
+  xs [T, D]: every allocated sub-question of the batch's episodes (padded to a fixed T, so one
+  compilation serves every batch); chosen [T] the LLM
   sampled for it; adv [T] its episode's group-relative advantage; valid [T] 1 on real rows."""
   logp = jax.nn.log_softmax(scores(params, xs, cost, alpha) / temperature)
   ref = jax.nn.log_softmax(scores(ref_params, xs, cost, alpha) / temperature)
@@ -222,10 +223,19 @@ class R2Reasoner(base.MultiRoundRouter):
     return np.stack([self._feat[t] for t in texts]) if texts else np.zeros(
         (0, len(self.scale.x_mean)), np.float32)
 
+  def scores(self, params: dict, texts: list[str], alpha: float) -> np.ndarray:
+    """[len(texts), M] allocation scores. The rows are padded to a power of two (at least 8), so
+    the jitted scoring compiles once per size class, not once per number of texts."""
+    x = self.features(texts)
+    size = max(8, 1 << max(0, len(texts) - 1).bit_length())
+    padded = np.zeros((size, x.shape[1]), np.float32)
+    padded[:len(texts)] = x
+    sc = scores_jit(params, jnp.asarray(padded), self.cost, jnp.float32(alpha))
+    return np.asarray(sc)[:len(texts)]
+
   def allocate(self, params: dict, texts: list[str], alpha: float) -> list[str]:
     """The greedy allocation: per sub-question text, the LLM of the highest score."""
-    sc = np.asarray(_scores_jit(params, jnp.asarray(self.features(texts)), self.cost, alpha))
-    return [self.llms[int(i)] for i in np.argmax(sc, 1)]
+    return [self.llms[int(i)] for i in np.argmax(self.scores(params, texts, alpha), 1)]
 
   # ---- rollouts of the decompose-allocate-merge pipeline ------------------------------------
   def _rollout(self, env, queries: list[Query], planner: str, merger: str, choose, *,
@@ -264,7 +274,7 @@ class R2Reasoner(base.MultiRoundRouter):
     s = self.settings
     opt, step = make_grpo_step(s.temperature, s.kl_coef, s.learning_rate, s.batch * s.group)
     opt_state = opt.init(params)
-    rows = s.batch * s.group * self.system.mdp_cfg.max_width
+    rows = s.batch * s.group * self.system.mdp_cfg.step_cap   # >= the Executor calls of a batch
     rng = np.random.default_rng([self.seed, round_, int(round(alpha * 1e6))])
     order: list[int] = []
     mean_rewards, losses = [], []
@@ -275,8 +285,7 @@ class R2Reasoner(base.MultiRoundRouter):
       batch = [self.queries[i] for i in idx for _ in range(s.group)]
 
       def choose(texts, params=params):
-        sc = np.asarray(_scores_jit(params, jnp.asarray(self.features(texts)), self.cost, alpha))
-        z = sc / s.temperature
+        z = self.scores(params, texts, alpha).astype(np.float64) / s.temperature
         p = np.exp(z - z.max(1, keepdims=True))
         p /= p.sum(1, keepdims=True)
         return [int(rng.choice(len(self.llms), p=row)) for row in p]
@@ -292,8 +301,6 @@ class R2Reasoner(base.MultiRoundRouter):
       r = 0
       for e, ep in enumerate(picks):
         for text, c in ep:
-          if r == rows:
-            raise RuntimeError("more allocations than batch * group * max_width")
           xs[r], chosen[r], advs[r], valid[r] = self.features([text])[0], c, adv[e], 1.0
           r += 1
       params, opt_state, loss = step(params, opt_state, self.sft_params, xs, chosen, advs, valid,
