@@ -18,7 +18,6 @@ from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import ppo
 from gp_jax.runs import sweep
 from gp_jax.runs import system as system_lib
-from gp_jax.workflow import mdp
 from gp_jax.workflow import policies
 
 
