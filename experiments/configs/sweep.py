@@ -63,12 +63,25 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   # Multi-round routers (gp_jax/baselines/multi_round/), rows "multi:<name>": knn (KNN-multiround
   # decompose-route-merge, k = knn_k), llm (LLM-multiround; on the simulator an untrained heuristic
   # stand-in for the prompted router), router_r1 (Router-R1-style MLP policy trained with PPO per
-  # cell; clip, epochs, minibatches, gamma, lambda, grad clip from config.ppo).
-  c.sweep.multi_routers = "knn,llm,router_r1"
+  # cell; clip, epochs, minibatches, gamma, lambda, grad clip from config.ppo), r2_reasoner
+  # (R2-Reasoner-style decomposer + difficulty-aware allocator: SFT once per seed, GRPO per cell).
+  c.sweep.multi_routers = "knn,llm,router_r1,r2_reasoner"
   c.sweep.router_llm = ""          # router LLM of llm and router_r1; "" = the pool's cheapest
   c.sweep.r1_hidden = 64           # Router-R1 MLP width
   c.sweep.r1_episodes = 12000 if arg == "" else 128  # Router-R1 PPO episodes per cell (as GraphPlanner)
   c.sweep.r1_batch = 64 if arg == "" else 32         # episodes per PPO update
   c.sweep.r1_learning_rate = 1e-3
   c.sweep.r1_entropy_coef = 0.01
+  # R2-Reasoner-style router (gp_jax/baselines/multi_round/r2_reasoner.py, R2Settings): GRPO
+  # episodes per round as Router-R1's per cell on the CPU sweep, 4 GRPO steps per round in CI.
+  c.sweep.r2_hidden = 64           # difficulty MLP width
+  c.sweep.r2_sft_steps = 300       # stage 1: full-batch Adam steps on the sub-question labels
+  c.sweep.r2_episodes = 12000 if arg == "" else 128  # stage 2: GRPO episodes per round
+  c.sweep.r2_batch = 16 if arg == "" else 8          # training queries per GRPO step
+  c.sweep.r2_group = 4             # allocations sampled per query (the GRPO group)
+  c.sweep.r2_temperature = 0.1     # allocation policy softmax(score / temperature)
+  c.sweep.r2_kl_coef = 0.04        # KL weight to the SFT allocator
+  c.sweep.r2_learning_rate = 3e-3  # GRPO Adam rate
+  c.sweep.r2_rounds = 2            # decomposer / allocator alternations
+  c.sweep.r2_select_queries = 256  # training queries that choose the decomposer after GRPO
   return c

@@ -24,6 +24,7 @@ from gp_jax import files
 from gp_jax import progress as progress_lib
 from gp_jax.baselines import labels as labels_lib
 from gp_jax.baselines import multi_round
+from gp_jax.baselines.multi_round import r2_reasoner
 from gp_jax.baselines import single_round
 from gp_jax.runs import evaluate as evaluation
 from gp_jax.runs import ppo_config
@@ -97,7 +98,7 @@ def run_sweep(config, workdir: str | pathlib.Path, *, alphas: list[float], seeds
     routers: single-round router names (gp_jax.baselines.single_round.ROUTERS).
     router_kwargs: hyperparameters of the routers (knn_k, mlp_hidden, steps, ...).
     multi_routers: multi-round router names (gp_jax.baselines.multi_round.MULTI_ROUTERS).
-    multi_kwargs: their hyperparameters (knn_k, router_llm, r1_episodes, ...).
+    multi_kwargs: their hyperparameters (knn_k, router_llm, r1_episodes, r2, ...).
   Returns:
     {"ran": [(alpha, seed)], "skipped": [(alpha, seed)], "seconds": wall time}.
   """
@@ -180,12 +181,21 @@ def _check_router_llm(config, name: str) -> None:
 
 def multi_kwargs_from_config(config) -> dict:
   """Hyperparameters of the multi-round routers from config.sweep (Router-R1's PPO clip, epochs,
-  minibatches, gamma, lambda, value weight and grad clip are GraphPlanner's config.ppo ones)."""
+  minibatches, gamma, lambda, value weight and grad clip are GraphPlanner's config.ppo ones; the
+  R2-Reasoner-style router's settings are the sweep.r2_* fields, defaults those of R2Settings)."""
   s = config.sweep
   return dict(knn_k=int(s.knn_k), router_llm=str(s.router_llm), r1_hidden=int(s.r1_hidden),
               r1_episodes=int(s.r1_episodes), r1_batch=int(s.r1_batch),
               r1_reward=str(config.train.reward),
-              r1_ppo=ppo_config.router_r1_settings(config))
+              r1_ppo=ppo_config.router_r1_settings(config), r2=r2_settings_from_config(config))
+
+
+def r2_settings_from_config(config) -> r2_reasoner.R2Settings:
+  """R2Settings from the config.sweep fields r2_<field> (a missing field keeps its default)."""
+  s, default = config.sweep, r2_reasoner.R2Settings()
+  return r2_reasoner.R2Settings(**{
+      f.name: type(getattr(default, f.name))(s.get("r2_" + f.name, getattr(default, f.name)))
+      for f in dataclasses.fields(default)})
 
 
 def sweep_from_config(config, workdir, *, verbose: bool = True) -> dict:

@@ -1,5 +1,6 @@
 """Multi-round routers: valid actions, finished episodes, KNN routing, the heuristic prompt router,
-Router-R1's PPO, and their rows in the sweep."""
+Router-R1's PPO, and their rows in the sweep (the R2-Reasoner-style router's own tests:
+test_r2_reasoner.py)."""
 import json
 
 import jax
@@ -17,7 +18,6 @@ from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import ppo
 from gp_jax.runs import sweep
 from gp_jax.runs import system as system_lib
-from gp_jax.workflow import mdp
 from gp_jax.workflow import policies
 
 
@@ -238,10 +238,11 @@ def test_sweep_writes_multi_round_rows(tmp_path):
   c = small_config()
   c.sweep.routers = "best_single"
   c.sweep.r1_episodes, c.sweep.r1_batch = 32, 16
+  c.sweep.r2_episodes, c.sweep.r2_batch, c.sweep.r2_rounds = 32, 8, 1
   sweep.sweep_from_config(c, tmp_path, verbose=False)
   rec = json.loads((tmp_path / "alpha0.9_seed0" / "cell.json").read_text())
   rows = {r["policy"]: r for r in rec["rows"] if r["domain"] == "all"}
-  for name in ("knn", "llm", "router_r1"):
+  for name in ("knn", "llm", "router_r1", "r2_reasoner"):
     row = rows[f"multi:{name}"]
     assert row["n"] == rec["n_test"] and row["calls"] >= 1
     assert row["reward"] <= rows["optimum (DP)"]["reward"] + 1e-9

@@ -10,7 +10,10 @@ import pytest
 
 PATH = pathlib.Path(__file__).resolve().parents[2] / "data" / "paper_targets.json"
 FIELDS = {"id": str, "quantity": str, "method": str, "family": str, "setting": dict, "kind": str,
-          "unit": str, "source": str, "read_from": list, "simulated": bool, "label": str}
+          "unit": str, "source": str, "read_from": list, "verified": bool, "simulated": bool,
+          "label": str}
+CHECKED = ("where", "quoted", "open")
+PAPER_TEXT = {"paper_abstract"}  # the sources that are the paper's own text
 FAMILIES = {"graphplanner", "baseline", "memory_baseline", "single_llm"}
 KINDS = {"value", "difference", "count", "sign"}
 NEVER_FIT = {"graphplanner", "memory_baseline"}
@@ -65,6 +68,34 @@ def problems(doc: dict) -> list[str]:
     for part in t.get("aggregate_of", []):
       if part not in known:
         out.append(f"{name}: aggregate_of names unknown id {part}")
+    out += _verification_problems(t)
+  unverified = doc.get("about", {}).get("unverified")
+  if not isinstance(unverified, list):
+    out.append("about.unverified missing or not a list")
+  else:
+    expected = [t.get("id") for t in targets if t.get("verified") is not True]
+    out += [f"{i}: unverified but not in about.unverified" for i in expected if i not in unverified]
+    out += [f"{i}: in about.unverified but verified or unknown" for i in unverified
+            if i not in expected]
+  return out
+
+
+def _verification_problems(t: dict) -> list[str]:
+  """A verified entry names where in the paper's own text its number was read, and quotes it."""
+  name = t.get("id", "?")
+  checked = t.get("checked")
+  if t.get("verified") is not True:
+    return [f"{name}: 'checked' on an unverified entry"] if checked is not None else []
+  if not isinstance(checked, dict) or any(
+      not isinstance(checked.get(k), str) or not checked[k].strip() for k in CHECKED):
+    return [f"{name}: verified without checked.{{{', '.join(CHECKED)}}}"]
+  out = []
+  if not PAPER_TEXT & set(t.get("read_from") or []):
+    out.append(f"{name}: verified but read_from names no paper-text source")
+  value = t.get("value")
+  if isinstance(value, (int, float)) and not isinstance(value, bool) and f"{value:g}" not in checked[
+      "quoted"]:
+    out.append(f"{name}: the quoted text does not contain the value {value:g}")
   return out
 
 
@@ -79,6 +110,7 @@ def test_about_names_the_paper_the_labels_and_what_is_missing():
   assert set(about["labels"]) == {"fit", "holdout"}
   assert about["rule"] and all(r.strip() for r in about["rule"])
   assert about["missing"] and about["sources"]
+  assert set(about["verification"]) >= {"done", "reached", "result"}
   assert all(isinstance(v, str) and v.strip() for v in about["sources"].values())
 
 
@@ -96,6 +128,14 @@ def test_the_targets_the_issue_criteria_use_are_there():
     assert by_id[i]["label"] == "fit"
   for i in ("p2.graphplanner.acc", "p2.graphplanner.calls", "p2.graphplanner.cost"):
     assert by_id[i]["label"] == "holdout"
+
+
+def test_verified_entries_quote_the_paper_and_the_rest_are_listed_unverified():
+  doc = _load()
+  verified = [t for t in doc["targets"] if t["verified"]]
+  assert verified and len(verified) < len(doc["targets"])
+  assert {t["id"] for t in verified}.isdisjoint(doc["about"]["unverified"])
+  assert len(doc["about"]["unverified"]) + len(verified) == len(doc["targets"])
 
 
 def test_aggregates_are_the_mean_of_their_parts():
@@ -134,6 +174,38 @@ def _aggregate_unknown(doc):
   _first(doc)["aggregate_of"] = ["no.such.id"]
 
 
+def _verified_entry(doc):
+  return next(t for t in doc["targets"] if t["verified"])
+
+
+def _verify_silently(doc):
+  """Marks an entry verified without saying where it was checked."""
+  t = next(t for t in doc["targets"] if not t["verified"])
+  t["verified"] = True
+  doc["about"]["unverified"].remove(t["id"])
+
+
+def _misquote(doc):
+  _verified_entry(doc)["checked"]["quoted"] = "no number here"
+
+
+def _verified_from_a_digest(doc):
+  _verified_entry(doc)["read_from"] = ["digest_results"]
+
+
+def _still_listed_unverified(doc):
+  doc["about"]["unverified"].append(_verified_entry(doc)["id"])
+
+
+def _unlisted(doc):
+  doc["about"]["unverified"].pop()
+
+
+def _checked_but_unverified(doc):
+  next(t for t in doc["targets"] if not t["verified"])["checked"] = {"where": "x", "quoted": "1",
+                                                                      "open": "x"}
+
+
 MUTATIONS = {
     "graphplanner fit": (_set("label", "fit", family="graphplanner"), "may never be fit"),
     "memory baseline fit": (_set("label", "fit", family="memory_baseline"), "may never be fit"),
@@ -152,6 +224,13 @@ MUTATIONS = {
     "half a sign": (_set("kind", "sign"), "a sign is +1 or -1"),
     "duplicate id": (_duplicate, "duplicate id"),
     "unknown aggregate part": (_aggregate_unknown, "unknown id"),
+    "no verified field": (_drop("verified"), "field verified missing"),
+    "verified, not said where": (_verify_silently, "verified without checked"),
+    "verified, quote lacks the value": (_misquote, "does not contain the value"),
+    "verified from a digest only": (_verified_from_a_digest, "names no paper-text source"),
+    "verified yet listed unverified": (_still_listed_unverified, "in about.unverified but verified"),
+    "unverified, not listed": (_unlisted, "not in about.unverified"),
+    "checked on an unverified entry": (_checked_but_unverified, "'checked' on an unverified"),
 }
 
 

@@ -1,6 +1,6 @@
 """Multi-round baseline routers: several LLM calls per query, each call routed separately.
 
-One module per router -- knn.py, prompted.py (llm), router_r1.py -- over their shared base
+One module per router -- knn.py, prompted.py (llm), router_r1.py, r2_reasoner.py -- over their shared base
 (base.py: the router interface, the lock-step runner, the workflow's action helpers); here the
 registry and the evaluation rows.
 
@@ -19,6 +19,12 @@ only and is deterministic given its seed.
              turn by turn, whether the router LLM answers the query (or one pool LLM answers it in
              a single turn), or splits it into turns, then which LLM executes each turn; the router
              LLM summarises and answers.
+  r2_reasoner R2-Reasoner-style decompose-then-allocate router: a decomposer (the Planner call of
+             a pool LLM chosen on the training queries) splits the query; a difficulty-aware
+             allocator (an estimated difficulty per sub-question, a capability per LLM) gives
+             each sub-question an LLM; trained by SFT on the pipeline labels, then GRPO per
+             alpha, alternating with the choice of the decomposer; a merge LLM summarises and
+             answers (r2_reasoner.py documents what is faithful to the paper and what adapted).
 
 Labels of the KNN pipeline (`collect_pipeline_labels`, alpha-independent): for every planner P of
 the pool and every training query, P plans the query once; then, for every LLM m, m executes every
@@ -42,6 +48,7 @@ from gp_jax import errors
 from gp_jax.baselines.multi_round import base
 from gp_jax.baselines.multi_round import knn
 from gp_jax.baselines.multi_round import prompted
+from gp_jax.baselines.multi_round import r2_reasoner
 from gp_jax.baselines.multi_round import router_r1
 from gp_jax.sim.scoring import Row, summarize
 from gp_jax.types import Query
@@ -55,12 +62,13 @@ MULTI_ROUTERS: dict[str, Callable[..., base.MultiRoundRouter]] = {
                         r1_reward="auto", r1_ppo=router_r1.DEFAULT_PPO, **kw: router_r1.RouterR1(
         router_llm=router_llm, hidden=r1_hidden, episodes=r1_episodes, batch=r1_batch,
         reward=r1_reward, settings=r1_ppo),
+    "r2_reasoner": lambda *, r2=r2_reasoner.R2Settings(), **kw: r2_reasoner.R2Reasoner(r2),
 }
 
 
 def make_multi_router(name: str, **kwargs) -> base.MultiRoundRouter:
   """A multi-round router by registry name. kwargs: knn_k, router_llm, r1_hidden, r1_episodes,
-  r1_batch, r1_reward, r1_ppo (gp_jax.rl.ppo.PPOSettings)."""
+  r1_batch, r1_reward, r1_ppo (gp_jax.rl.ppo.PPOSettings), r2 (r2_reasoner.R2Settings)."""
   if name not in MULTI_ROUTERS:
     raise errors.unknown_name("multi-round router", name, MULTI_ROUTERS)
   return MULTI_ROUTERS[name](**kwargs)

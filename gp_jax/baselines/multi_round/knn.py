@@ -13,6 +13,7 @@ from gp_jax.baselines import regressors
 from gp_jax.baselines.multi_round import base
 from gp_jax.types import Query
 from gp_jax.util import aio
+from gp_jax.workflow import mdp
 from gp_jax.workflow import reward as reward_lib
 
 
