@@ -13,6 +13,7 @@ from gp_jax.graph import features as features_lib
 from gp_jax.llm import base
 from gp_jax.llm import catalog as catalog_lib
 from gp_jax.sim import events as sim_events
+from gp_jax.sim import world as world_lib
 from gp_jax.sim import simulator as sim
 from gp_jax.text import encoder as encoder_lib
 from gp_jax.types import Query
@@ -186,7 +187,7 @@ def _task_names(value: str, field: str) -> list[str]:
 def _simulated_data(config, catalog: catalog_lib.Catalog, events) -> _Data:
   world = sim.SimWorld(sim.load_profiles(catalog),
                        unique_texts=bool(config.data.get("sim_unique_texts", True)),
-                       events=events)
+                       events=events, params=world_lib.from_config(config.get("sim")))
   tasks = _task_names(config.data.tasks, "data.tasks")
   test_tasks = (_task_names(config.data.test_tasks, "data.test_tasks")
                 if config.data.test_tasks else tasks)

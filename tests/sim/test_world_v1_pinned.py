@@ -1,7 +1,6 @@
 """sim.world = v1 stays what it was, bit for bit: the CI-size config's simulated queries, success
 probabilities, sub-questions, token counts, sampled outputs and exact optimum, hashed and compared
 with the digest recorded from the code before the v2 world existed (main at 32a4c62)."""
-import asyncio
 import hashlib
 
 from experiments.configs import test as test_config
