@@ -41,6 +41,10 @@ the tag; two different sub-questions can then get the same text (1 or 2 pairs am
 registered second in the process is renamed "<text> (variant 2)". Which one is renamed then
 depends on the order of simulation, so the same cell run alone, after other cells in one process,
 or resumed in a new process could come out differently (docs/simulator.md).
+The v2 world (gp_jax/sim/world.py, config sim.world = v2, SimWorld(params=...)) adds a noisy step
+cue, latent query clusters with per (cluster, LLM) executor skill offsets, and the calibrated
+values of gamma, the split penalty, the summary/final shifts, the complexity mix, verbosity and
+per-LLM skill shifts; SimWorld(params=None) is the world above, bit for bit.
 Pool events (gp_jax/sim/events.py, config data.sim_events): from root query t of a followed
 split on, an LLM's executor skill shifts, its prices scale, it fails (every call returns an error),
 or it joins (absent before t). SimWorld.exec_probability and SimulatorPool.chat ask the events;
