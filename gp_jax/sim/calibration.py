@@ -1,10 +1,11 @@
 r"""Calibration of the v2 world (gp_jax/sim/world.py) to the paper's `fit` targets.
 
 What is fitted: a few bounded, physically meaningful parameters of `WorldParams` -- the step
-penalty gamma, the split penalty, the summary and final-answer quality shifts, the complexity tilt
-and one skill shift per LLM -- each with a prior (v1's value; the skill shifts 0) and a prior
-width: 0.25 logit for an LLM whose five domain skills in data/simulator.json are all sourced,
-0.5 for one with an assumed skill. The v2 mechanisms (step cue, clusters, offset size) stay as
+penalty gamma, the split penalty, the summary and final-answer quality shifts, the complexity tilt,
+one hardness shift per domain (the tasks' hardness offsets are v1 assumptions; prior 0, width 0.5)
+and one skill shift per LLM -- each with a prior (v1's value; the shifts 0) and a prior width:
+0.25 logit for an LLM whose five domain skills in data/simulator.json are all sourced, 0.5 for
+one with an assumed skill. The v2 mechanisms (step cue, clusters, offset size) stay as
 configured: they are not fitted to the paper. Verbosity is not fitted: the paper's cost unit is
 ambiguous (data/paper_targets.json, about.missing), so no cost target constrains it.
 
@@ -81,6 +82,9 @@ def parameters(llms, sim_file=sim.SIM_FILE) -> list[Param]:
       Param("final_shift", 0.0, -2.5, 2.5, 1.0, "v1 assumption (phi = sigmoid(3.0 + 0.8 g))"),
       Param("complexity_tilt", 0.0, -1.5, 1.5, 0.75, "v1 assumption (k mix 0.4/0.25/0.2/0.15)"),
   ]
+  for d in DOMAINS:
+    out.append(Param(f"hardness.{d}", 0.0, -1.5, 1.5, 0.5,
+                     "v1 assumption (simulator.TASKS hardness offsets)"))
   for m in llms:
     assumed = sum("assumed" in src.lower() for _acc, src in raw[m]["skill"].values())
     sd = 0.25 if assumed == 0 else 0.5
@@ -91,8 +95,9 @@ def parameters(llms, sim_file=sim.SIM_FILE) -> list[Param]:
 
 def world_params(base: world_lib.WorldParams, values: dict) -> world_lib.WorldParams:
   shifts = {k[len("skill."):]: v for k, v in values.items() if k.startswith("skill.")}
-  plain = {k: v for k, v in values.items() if not k.startswith("skill.")}
-  return base.replace(skill_shift=shifts, **plain)
+  hardness = {k[len("hardness."):]: v for k, v in values.items() if k.startswith("hardness.")}
+  plain = {k: v for k, v in values.items() if not k.startswith(("skill.", "hardness."))}
+  return base.replace(skill_shift=shifts, domain_hardness=hardness, **plain)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -290,6 +295,9 @@ def calibrate(settings: Settings, workdir, catalog: catalog_lib.Catalog, *,
 
   state_path = workdir / STATE_FILE
   state = _load_state(state_path, settings)
+  if state is not None and sorted(state["values"]) != sorted(p.name for p in specs):
+    raise errors.ConfigError(f"{state_path} fits other parameters than this code does; use another "
+                             "--workdir or delete it")
   if state is None:
     values = {p.name: p.prior for p in specs}
     first, _, _ = evaluate(values)

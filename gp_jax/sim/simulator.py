@@ -261,7 +261,7 @@ class SimWorld:
     for i in range(n):
       task = tasks[int(rng.integers(len(tasks)))]
       domain, phrase, offset, _ = TASKS[task]
-      h = float(rng.normal(offset, HARDNESS_SD))
+      h = float(rng.normal(self._hardness_offset(offset, domain), HARDNESS_SD))
       k = int(rng.choice(np.arange(1, 5), p=self._complexity_probs))
       key = f"{split}-{seed}-{i}"
       cluster = self.cluster_of(key, domain)
@@ -287,7 +287,7 @@ class SimWorld:
       raise errors.unknown_name("simulated task", task, TASKS)
     domain, _, offset, _ = TASKS[task]
     rng = _rng("adopted", text, task)
-    h = float(rng.normal(offset, HARDNESS_SD))
+    h = float(rng.normal(self._hardness_offset(offset, domain), HARDNESS_SD))
     k = int(rng.choice(np.arange(1, 5), p=self._complexity_probs))
     gold = str(int(rng.integers(1000, 10000)))
     key = "adopted-" + hashlib.blake2b(repr((text, task)).encode(), digest_size=8).hexdigest()
@@ -295,6 +295,10 @@ class SimWorld:
                                    self.cluster_of(key, domain)))
 
   # ---- v2 world (gp_jax/sim/world.py) ------------------------------------------------------
+  def _hardness_offset(self, offset: float, domain: str) -> float:
+    """A task's mean root hardness: TASKS' offset, plus the v2 world's domain shift."""
+    return offset if self.params is None else offset + self.params.hardness_of(domain)
+
   def cluster_of(self, key: str, domain: str) -> int:
     """The latent cluster of a root query (fixed per key); -1 in the v1 world."""
     if self.params is None:

@@ -37,6 +37,9 @@ default (so a v2 world with step_cue_sd = 0 and cluster_offset_sd = 0 has v1's p
   verbosity_scale factor on every LLM's verbosity (v1: 1)
   skill_shift     {llm: logit added to theta[m, d] on every domain} (v1: none); its planning,
                   summarising, final and thinking qualities follow (they derive from mean skill)
+  domain_hardness {domain: shift of the mean root hardness of its tasks} (v1: none; the tasks'
+                  hardness offsets in simulator.TASKS are assumptions, and the per-domain
+                  targets need them moved: docs/calibration.md)
 
 A world file (JSON, config `sim.world_file`) holds these fields ({"params": {...}} as written by
 experiments/calibrate.py, or the fields at top level); a field it omits keeps its default.
@@ -71,11 +74,13 @@ class WorldParams:
   complexity_tilt: float = 0.0
   verbosity_scale: float = 1.0
   skill_shift: tuple = ()          # ((llm, logit shift), ...), sorted by name
+  domain_hardness: tuple = ()      # ((domain, hardness shift), ...), sorted by name
 
   def __post_init__(self):
-    if isinstance(self.skill_shift, dict):   # {llm: shift} is accepted and kept sorted
-      object.__setattr__(self, "skill_shift", tuple(sorted((str(k), float(v))
-                                                           for k, v in self.skill_shift.items())))
+    for name in ("skill_shift", "domain_hardness"):   # {name: shift} is accepted, kept sorted
+      value = getattr(self, name)
+      if isinstance(value, dict):
+        object.__setattr__(self, name, tuple(sorted((str(k), float(v)) for k, v in value.items())))
     checks = [("step_cue_sd", self.step_cue_sd >= 0), ("cluster_offset_sd", self.cluster_offset_sd >= 0),
               ("clusters_per_domain", 1 <= int(self.clusters_per_domain) <= 30),
               ("gamma", self.gamma >= 0), ("verbosity_scale", self.verbosity_scale > 0),
@@ -84,9 +89,10 @@ class WorldParams:
       value = getattr(self, name)
       if not ok or not math.isfinite(float(value)):
         raise errors.ConfigError(f"world parameter {name}={value!r} is out of its range")
-    for name, shift in self.skill_shift:
-      if not math.isfinite(float(shift)):
-        raise errors.ConfigError(f"world parameter skill_shift[{name!r}]={shift!r} is not finite")
+    for field in ("skill_shift", "domain_hardness"):
+      for name, shift in getattr(self, field):
+        if not math.isfinite(float(shift)):
+          raise errors.ConfigError(f"world parameter {field}[{name!r}]={shift!r} is not finite")
 
   @property
   def complexity_probs(self) -> np.ndarray:
@@ -96,14 +102,15 @@ class WorldParams:
   def shift_of(self, llm: str) -> float:
     return dict(self.skill_shift).get(llm, 0.0)
 
+  def hardness_of(self, domain: str) -> float:
+    return dict(self.domain_hardness).get(domain, 0.0)
+
   def replace(self, **changes) -> "WorldParams":
-    if "skill_shift" in changes and isinstance(changes["skill_shift"], dict):
-      changes["skill_shift"] = tuple(sorted(changes["skill_shift"].items()))
     return dataclasses.replace(self, **changes)
 
   def to_json(self) -> dict:
     d = dataclasses.asdict(self)
-    d["skill_shift"] = dict(self.skill_shift)
+    d["skill_shift"], d["domain_hardness"] = dict(self.skill_shift), dict(self.domain_hardness)
     return d
 
   @classmethod
@@ -115,10 +122,9 @@ class WorldParams:
     if unknown:
       raise errors.ConfigError(f"{where}: unknown world parameters {unknown} (known: {sorted(fields)})")
     raw = dict(raw)
-    if "skill_shift" in raw:
-      if not isinstance(raw["skill_shift"], dict):
-        raise errors.ConfigError(f"{where}: skill_shift must be an object {{llm: logit shift}}")
-      raw["skill_shift"] = tuple(sorted((str(k), float(v)) for k, v in raw["skill_shift"].items()))
+    for name in ("skill_shift", "domain_hardness"):
+      if name in raw and not isinstance(raw[name], dict):
+        raise errors.ConfigError(f"{where}: {name} must be an object {{name: shift}}")
     try:
       return cls(**raw)
     except (TypeError, ValueError) as e:

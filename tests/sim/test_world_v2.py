@@ -121,6 +121,11 @@ def test_fitted_parameters_move_what_they_name():
       want = 0.5 if m == "qwen2.5-7b-instruct" else 0.0
       assert _logit(shifted.exec_probability(nh, m)) - _logit(base.exec_probability(nb, m)) == \
           pytest.approx(want, abs=1e-9)
+  harder = _world_params(domain_hardness={"math": 0.7})
+  for qq, qd in zip(q, _queries(harder, 40)):
+    want = 0.7 if qq.domain == "math" else 0.0
+    assert qd.meta["hardness"] - qq.meta["hardness"] == pytest.approx(want, abs=1e-9)
+    assert qd.meta["complexity"] == qq.meta["complexity"] and qd.ground_truth == qq.ground_truth
   tilted = world_lib.WorldParams(complexity_tilt=1.0).complexity_probs
   assert tilted.sum() == pytest.approx(1.0) and tilted[3] > 0.15 and tilted[0] < 0.4
   s = _world_params(summary_shift=1.0, final_shift=-1.0)
