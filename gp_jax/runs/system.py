@@ -173,6 +173,9 @@ def _data(config, catalog: catalog_lib.Catalog, events) -> _Data:
   if config.data.source == "simulated":
     return _simulated_data(config, catalog, events)
   if config.data.source == "files":
+    if world_lib.from_config(config.get("sim")) is not None:
+      raise errors.ConfigError("config.sim.world='v2' shapes simulated queries; it needs "
+                               "data.source='simulated'")
     return _file_data(config)
   raise errors.ConfigError(f"config.data.source must be 'simulated' or 'files', got "
                            f"{config.data.source!r}")

@@ -2,6 +2,7 @@
 switch reaches the simulated data, and the exact optimum still matches brute force."""
 import json
 import math
+import pathlib
 import re
 
 import numpy as np
@@ -163,6 +164,12 @@ def test_config_switch(tmp_path):
     c.sim.update(bad)
     with pytest.raises(errors.ConfigError, match=message):
       system_lib.build(c)
+  c = test_config.get_config()
+  c.sim.world, c.data.source = "v2", "files"
+  with pytest.raises(errors.ConfigError, match="data.source='simulated'"):
+    system_lib.build(c)
+  committed = world_lib.load_world_file(pathlib.Path(__file__).parents[2] / "data" / "world_v2.json")
+  assert committed.domain_hardness and committed.skill_shift and committed.cluster_offset_sd == 0.8
   path.write_text(json.dumps({"gama": 1.0}))
   with pytest.raises(errors.ConfigError, match="unknown world parameters"):
     world_lib.load_world_file(path)
