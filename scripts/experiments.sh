@@ -19,6 +19,8 @@ esac
 mkdir -p "$root/studies"
 t0=$(date +%s)
 stamp() { echo "[experiments] $1: $(( $(date +%s) - t0 ))s elapsed" >&2; }
+python -m experiments.calibrate --config="experiments/configs/calibrate.py$suffix" --workdir="$root/calibrate"
+stamp "calibration of the v2 world"
 python -m experiments.sweep --config="experiments/configs/sweep.py$suffix" --workdir="$root/sweep" "$@"
 stamp "alpha sweep"
 for study in phases unseen ablations roles; do

@@ -63,6 +63,14 @@ def get_config() -> ml_collections.ConfigDict:
   c.data.train_file = ""
   c.data.test_file = ""
 
+  # Simulated only: which world (gp_jax/sim/world.py, docs/simulator.md). "v1": the text states
+  # each query's step count and skills are fixed functions of what the text shows; "v2": a noisy
+  # step cue and latent per (query cluster, LLM) skill offsets. world_file: a v2 world's
+  # parameters (JSON written by experiments/calibrate.py; "" = world.py's defaults).
+  c.sim = ml_collections.ConfigDict()
+  c.sim.world = "v1"
+  c.sim.world_file = ""
+
   c.text = ml_collections.ConfigDict()
   c.text.encoder = "hashing"       # "hashing" (default, no weights) or "minilm"
   c.text.dim = 384                 # hashing width (MiniLM is 384)

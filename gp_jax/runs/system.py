@@ -13,6 +13,7 @@ from gp_jax.graph import features as features_lib
 from gp_jax.llm import base
 from gp_jax.llm import catalog as catalog_lib
 from gp_jax.sim import events as sim_events
+from gp_jax.sim import world as world_lib
 from gp_jax.sim import simulator as sim
 from gp_jax.text import encoder as encoder_lib
 from gp_jax.types import Query
@@ -171,6 +172,9 @@ def _data(config, catalog: catalog_lib.Catalog, events) -> _Data:
   if config.data.source == "simulated":
     return _simulated_data(config, catalog, events)
   if config.data.source == "files":
+    if world_lib.from_config(config.get("sim")) is not None:
+      raise errors.ConfigError("config.sim.world='v2' shapes simulated queries; it needs "
+                               "data.source='simulated'")
     return _file_data(config)
   raise errors.ConfigError(f"config.data.source must be 'simulated' or 'files', got "
                            f"{config.data.source!r}")
@@ -185,7 +189,7 @@ def _task_names(value: str, field: str) -> list[str]:
 def _simulated_data(config, catalog: catalog_lib.Catalog, events) -> _Data:
   world = sim.SimWorld(sim.load_profiles(catalog),
                        unique_texts=bool(config.data.sim_unique_texts),
-                       events=events)
+                       events=events, params=world_lib.from_config(config.get("sim")))
   tasks = _task_names(config.data.tasks, "data.tasks")
   test_tasks = (_task_names(config.data.test_tasks, "data.test_tasks")
                 if config.data.test_tasks else tasks)

@@ -35,6 +35,7 @@ SWITCHED_OFF_WHEN = {
     "eval.online_history": lambda flat: not flat.get("eval.online_history", False),
     "eval.online_recent_rows": lambda flat: not flat.get("eval.online_recent_rows", 0),
     "train.padding": lambda flat: flat.get("train.padding", "fixed") == "fixed",
+    "sim": lambda flat: flat.get("sim.world", "v1") == "v1" and not flat.get("sim.world_file", ""),
 }
 
 

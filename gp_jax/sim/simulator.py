@@ -41,6 +41,10 @@ the tag; two different sub-questions can then get the same text (1 or 2 pairs am
 registered second in the process is renamed "<text> (variant 2)". Which one is renamed then
 depends on the order of simulation, so the same cell run alone, after other cells in one process,
 or resumed in a new process could come out differently (docs/simulator.md).
+The v2 world (gp_jax/sim/world.py, config sim.world = v2, SimWorld(params=...)) adds a noisy step
+cue, latent query clusters with per (cluster, LLM) executor skill offsets, and the calibrated
+values of gamma, the split penalty, the summary/final shifts, the complexity mix, verbosity and
+per-LLM skill shifts; SimWorld(params=None) is the world above, bit for bit.
 Pool events (gp_jax/sim/events.py, config data.sim_events): from root query t of a followed
 split on, an LLM's executor skill shifts, its prices scale, it fails (every call returns an error),
 or it joins (absent before t). SimWorld.exec_probability and SimulatorPool.chat ask the events;
@@ -63,6 +67,7 @@ from gp_jax import paths
 from gp_jax.llm import base
 from gp_jax.llm import catalog as catalog_lib
 from gp_jax.sim import events as sim_events
+from gp_jax.sim import world as world_lib
 from gp_jax.types import Query
 from gp_jax.workflow import prompts
 from gp_jax.workflow import roles as roles_lib
@@ -161,6 +166,8 @@ class LLMProfile:
   verbosity: float
   price_in: float
   price_out: float
+  summary_shift: float = 0.0   # v2 world (world.py): logit added to the summary quality
+  final_shift: float = 0.0     # v2 world: logit added to the final-answer quality
 
   @property
   def competence(self) -> float:
@@ -172,11 +179,11 @@ class LLMProfile:
 
   @property
   def summary_quality(self) -> float:
-    return float(_sigmoid(2.5 + 0.8 * self.competence))
+    return float(_sigmoid(2.5 + self.summary_shift + 0.8 * self.competence))
 
   @property
   def final_quality(self) -> float:
-    return float(_sigmoid(3.0 + 0.8 * self.competence))
+    return float(_sigmoid(3.0 + self.final_shift + 0.8 * self.competence))
 
   @property
   def think_quality(self) -> float:
@@ -197,6 +204,7 @@ class NodeInfo:
   complexity: int
   gold: str
   text: str
+  cluster: int = -1     # v2 world: the latent cluster of its domain (-1 in v1)
 
 
 def load_profiles(catalog: catalog_lib.Catalog, path=SIM_FILE) -> dict[str, LLMProfile]:
@@ -217,9 +225,22 @@ class SimWorld:
   """The simulated queries and every sub-question texts generated from them (latents registry)."""
 
   def __init__(self, profiles: dict[str, LLMProfile], unique_texts: bool = True,
-               events: sim_events.PoolEvents | None = None):
+               events: sim_events.PoolEvents | None = None,
+               params: world_lib.WorldParams | None = None):
     """unique_texts: end each sub-question's text with its key's digest (module docstring).
-    events: pool events (gp_jax/sim/events.py); None or empty: the pool never changes."""
+    events: pool events (gp_jax/sim/events.py); None or empty: the pool never changes.
+    params: the v2 world's parameters (gp_jax/sim/world.py); None: the v1 world."""
+    self.params = params
+    if params is not None:
+      profiles = {n: dataclasses.replace(
+          p, theta={d: t + params.shift_of(n) for d, t in p.theta.items()},
+          verbosity=p.verbosity * params.verbosity_scale, summary_shift=params.summary_shift,
+          final_shift=params.final_shift) for n, p in profiles.items()}
+      self._complexity_probs = params.complexity_probs
+    else:
+      self._complexity_probs = COMPLEXITY_PROBS
+    self._offsets: dict[str, dict[str, np.ndarray]] = {}
+    self._themes: dict[str, list[tuple[str, str]]] = {}
     self.profiles = profiles
     self.unique_texts = unique_texts
     self.events = events or None
@@ -240,12 +261,13 @@ class SimWorld:
     for i in range(n):
       task = tasks[int(rng.integers(len(tasks)))]
       domain, phrase, offset, _ = TASKS[task]
-      h = float(rng.normal(offset, HARDNESS_SD))
-      k = int(rng.choice(np.arange(1, 5), p=COMPLEXITY_PROBS))
+      h = float(rng.normal(self._hardness_offset(offset, domain), HARDNESS_SD))
+      k = int(rng.choice(np.arange(1, 5), p=self._complexity_probs))
       key = f"{split}-{seed}-{i}"
-      text = self._query_text(rng, phrase, domain, h, k, "question")
+      cluster = self.cluster_of(key, domain)
+      text = self._query_text(rng, phrase, domain, h, k, "question", key, cluster)
       gold = str(int(rng.integers(1000, 10000)))
-      info = self._register(NodeInfo(key, task, domain, h, k, gold, text))
+      info = self._register(NodeInfo(key, task, domain, h, k, gold, text, cluster))
       out.append(Query(qid=key, task_name=task, domain=domain, query=info.text, ground_truth=gold,
                        metric=SIM_METRIC, split=split,
                        meta={"hardness": h, "complexity": k}))
@@ -265,21 +287,64 @@ class SimWorld:
       raise errors.unknown_name("simulated task", task, TASKS)
     domain, _, offset, _ = TASKS[task]
     rng = _rng("adopted", text, task)
-    h = float(rng.normal(offset, HARDNESS_SD))
-    k = int(rng.choice(np.arange(1, 5), p=COMPLEXITY_PROBS))
+    h = float(rng.normal(self._hardness_offset(offset, domain), HARDNESS_SD))
+    k = int(rng.choice(np.arange(1, 5), p=self._complexity_probs))
     gold = str(int(rng.integers(1000, 10000)))
     key = "adopted-" + hashlib.blake2b(repr((text, task)).encode(), digest_size=8).hexdigest()
-    return self._register(NodeInfo(key, task, domain, h, k, gold, text.strip()))
+    return self._register(NodeInfo(key, task, domain, h, k, gold, text.strip(),
+                                   self.cluster_of(key, domain)))
 
-  def _query_text(self, rng, phrase, domain, h, k, noun) -> str:
+  # ---- v2 world (gp_jax/sim/world.py) ------------------------------------------------------
+  def _hardness_offset(self, offset: float, domain: str) -> float:
+    """A task's mean root hardness: TASKS' offset, plus the v2 world's domain shift."""
+    return offset if self.params is None else offset + self.params.hardness_of(domain)
+
+  def cluster_of(self, key: str, domain: str) -> int:
+    """The latent cluster of a root query (fixed per key); -1 in the v1 world."""
+    if self.params is None:
+      return -1
+    return int(_uniform("cluster", key) * self.params.clusters_per_domain)
+
+  def shown_steps(self, key: str, k: int) -> int:
+    """The step count a node's text states: k in v1, a noisy cue of k in v2."""
+    if self.params is None or self.params.step_cue_sd == 0:
+      return k
+    noisy = k + self.params.step_cue_sd * float(_rng("cue", key).standard_normal())
+    return int(min(world_lib.MAX_SHOWN_STEPS, max(1, round(noisy))))
+
+  def theme(self, domain: str, cluster: int) -> tuple[str, str]:
+    if domain not in self._themes:
+      self._themes[domain] = world_lib.themes(_VOCAB[domain], domain,
+                                              self.params.clusters_per_domain, _rng)
+    return self._themes[domain][cluster]
+
+  def cluster_offset(self, domain: str, cluster: int, llm: str) -> float:
+    """delta[d, c, m] of the v2 world (0 in v1 or without a cluster)."""
+    if self.params is None or cluster < 0:
+      return 0.0
+    if domain not in self._offsets:
+      self._offsets[domain] = world_lib.cluster_offsets(domain, sorted(self.profiles),
+                                                        self.params, _rng)
+    return float(self._offsets[domain][llm][cluster])
+
+  def _query_text(self, rng, phrase, domain, h, k, noun, key="", cluster=-1) -> str:
     word = difficulty_word(h + float(rng.normal(0.0, OBS_NOISE)))
     vocab = _VOCAB[domain]
     topic = " and ".join(rng.choice(vocab, size=2, replace=False))
+    if cluster >= 0:   # v2: the cluster's theme (drawn words above keep the stream as in v1)
+      topic = " and ".join(self.theme(domain, cluster))
     steps = []
     for _ in range(k):
       a, b = rng.choice(vocab, size=2, replace=False)
       steps.append(f"{rng.choice(_VERBS)} the {a} of the {b}")
-    kword = _K_WORDS.get(k, str(k))
+    shown = self.shown_steps(key, k)
+    if shown != k:   # v2: the text lists the cued count (extra steps from the node's own stream,
+      extra = _rng("cue-steps", key)    # so the latents drawn after the text stay as in v1)
+      while len(steps) < shown:
+        a, b = extra.choice(vocab, size=2, replace=False)
+        steps.append(f"{extra.choice(_VERBS)} the {a} of the {b}")
+      steps = steps[:shown]
+    kword = _K_WORDS.get(shown, str(shown))
     return f"{phrase}: a {word} {kword}-step {noun} about {topic}: " + ", then ".join(steps) + "."
 
   def _register(self, info: NodeInfo) -> NodeInfo:
@@ -310,13 +375,15 @@ class SimWorld:
     phrase = TASKS[node.task][1]
     kids = []
     for i, kc in enumerate(ks):
-      h = node.hardness - prof.plan_quality + SPLIT_PENALTY + float(rng.normal(0.0, CHILD_NOISE))
+      split_penalty = SPLIT_PENALTY if self.params is None else self.params.split_penalty
+      h = node.hardness - prof.plan_quality + split_penalty + float(rng.normal(0.0, CHILD_NOISE))
       key = f"{node.key}/{planner}/{width}{'x' if exact else ''}/{i}"
-      text = self._query_text(rng, phrase, node.domain, h, kc, "sub-question")
+      text = self._query_text(rng, phrase, node.domain, h, kc, "sub-question", key, node.cluster)
       gold = str(int(rng.integers(1000, 10000)))
       if self.unique_texts:
         text = f"{text} (ref {hashlib.blake2b(key.encode(), digest_size=6).hexdigest()})"
-      kids.append(self._register(NodeInfo(key, node.task, node.domain, h, kc, gold, text)))
+      kids.append(self._register(NodeInfo(key, node.task, node.domain, h, kc, gold, text,
+                                          node.cluster)))
     self._children_cache[cache_key] = kids
     return kids
 
@@ -344,9 +411,13 @@ class SimWorld:
 
   def exec_probability(self, node: NodeInfo, llm: str, tau: float = 0.0) -> float:
     theta = self.profiles[llm].theta[node.domain]
+    gamma = GAMMA
+    if self.params is not None:   # v2: the cluster's offset, the fitted step penalty
+      theta = theta + self.cluster_offset(node.domain, node.cluster, llm)
+      gamma = self.params.gamma
     if self.events is not None:
       theta = theta + self.events.skill_shift(llm, node.key, node.domain, node.task)
-    return float(_sigmoid(theta - node.hardness - GAMMA * (node.complexity - 1) + tau))
+    return float(_sigmoid(theta - node.hardness - gamma * (node.complexity - 1) + tau))
 
 
 def answer_line(value: str) -> str:
