@@ -81,6 +81,10 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.retrieval_k = 5          # history rows retrieved per decision (history = "retrieval")
   c.model.attention_heads = 4      # heads of the transformer encoder (must divide hidden)
   c.model.history_capacity = 100_000  # history rows kept (oldest evicted between iterations)
+  c.model.row_layout = 2           # history rows: 1 the episode's reward utility on every row;
+                                   # 2 per-call credit of the scored utility + per-hub statistics
+                                   # read by policy and value (docs/memory.md); records without
+                                   # the field are layout 1
 
   c.ppo = ml_collections.ConfigDict()
   c.ppo.learning_rate = 3e-4       # paper

@@ -26,8 +26,35 @@ from gp_jax.runs import workdir as workdir_config
 TRAIN_CONFIG_FREE = ("sweep", "study", "eval", "train.checkpoint_every", "parallel")
 
 
-def make_model(config, spec: features_lib.FeatureSpec | None = None) -> garnet_lib.GARNet:
-  """The GARNet (or ablation) of config.model: encoder, history mode, retrieval_k, heads.
+def row_layout(config) -> int:
+  """config.model.row_layout (features.ROW_LAYOUT_OF_OLDER_CONFIGS when an older record has no
+  such field)."""
+  layout = config.model.get("row_layout", features_lib.ROW_LAYOUT_OF_OLDER_CONFIGS)
+  if layout not in features_lib.ROW_LAYOUTS:
+    raise errors.ConfigError(f"config.model.row_layout must be one of "
+                             f"{', '.join(map(str, features_lib.ROW_LAYOUTS))}; got {layout!r}")
+  return int(layout)
+
+
+def recorded_row_layout(config, workdir) -> int:
+  """The row layout a trained workdir was trained with: its config record's model.row_layout
+  (layout 1 for a record made before the field existed), or config's when it has no record."""
+  path = pathlib.Path(workdir) / workdir_config.CONFIG_FILE
+  if not path.exists():
+    return row_layout(config)
+  recorded = errors.read_json(path, "workdir config record")
+  layout = recorded.get("model.row_layout", features_lib.ROW_LAYOUT_OF_OLDER_CONFIGS) if \
+      isinstance(recorded, dict) else features_lib.ROW_LAYOUT_OF_OLDER_CONFIGS
+  if layout not in features_lib.ROW_LAYOUTS:
+    raise errors.DataError(f"{path}: model.row_layout {layout!r} is not one of "
+                           f"{features_lib.ROW_LAYOUTS}")
+  return int(layout)
+
+
+def make_model(config, spec: features_lib.FeatureSpec | None = None, *,
+               layout: int | None = None) -> garnet_lib.GARNet:
+  """The GARNet (or ablation) of config.model: encoder, history mode, retrieval_k, heads, row
+  layout (`layout` overrides config.model.row_layout: a trained workdir's recorded one).
 
   spec: the feature spec (needed by the homogeneous encoder, whose shared input transform spans
   the widest table; without it the width comes from config.text.dim and config.model.mem_proj).
@@ -54,6 +81,9 @@ def make_model(config, spec: features_lib.FeatureSpec | None = None) -> garnet_l
     kw["history_input"] = "summary"
   if history == "retrieval":
     kw["retrieval_k"] = int(k)
+  layout = row_layout(config) if layout is None else layout
+  if layout != 1:
+    kw["row_layout"] = layout
   return garnet_lib.GARNet(hidden=int(m.hidden), num_layers=int(m.num_layers),
                            mlp_hidden=int(m.mlp_hidden),
                            use_history=history in ("transductive", "summary"), **kw)
@@ -204,8 +234,9 @@ def load_router(config, workdir, system: system_lib.System, *, best: bool = True
   """(model, params, history) from a run's checkpoint (best by running reward, or latest).
 
   Evaluate with the returned history for the transductive, summary and retrieval modes (they read
-  it), None for inductive."""
-  model = make_model(config, system.featurizer.spec)
+  it), None for inductive. The model has the row layout the workdir was trained with
+  (recorded_row_layout: a workdir trained before row layouts existed evaluates as layout 1)."""
+  model = make_model(config, system.featurizer.spec, layout=recorded_row_layout(config, workdir))
   params, history = rl_loop.restore_policy(
       pathlib.Path(workdir) / "checkpoints", model, system.featurizer,
       ppo_config.make_optimizer(config), seed=config.seed, num_hubs=system.space.size,
