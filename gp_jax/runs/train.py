@@ -21,6 +21,7 @@ from gp_jax.rl import loop as rl_loop
 from gp_jax.runs import ppo_config
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import workdir as workdir_config
+from gp_jax.sim import perturb as perturb_lib
 
 # Config fields a resumed training run may change (gp_jax/runs/workdir.py).
 TRAIN_CONFIG_FREE = ("sweep", "study", "eval", "train.checkpoint_every", "parallel")
@@ -155,6 +156,7 @@ def validate(config) -> None:
       raise errors.ConfigError(f"invalid config: need {what}")
   ppo_config.ppo_settings(config)          # unknown ppo.lr_schedule / entropy_schedule names
   make_model(config)                        # model errors before anything is built
+  perturb_settings(config)                  # pool perturbation out of range
 
 
 # Configs recorded before config.train.reward existed trained on the sampled score, so that is
@@ -215,6 +217,45 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
                       f"more without a warm XLA cache)")
   sysm = system or system_lib.build(config)
   settings = loop_settings(config, ppo_config.max_calls(sysm))
+  perturbed = pool_perturbation(config, sysm)
+  if perturbed is None:
+    return _train(config, workdir, sysm, settings, mesh, verbose, None)
+  base = sysm.world.events
+  sysm.world.events = perturbed   # the training split's pool follows the phase; restored after
+  try:
+    return _train(config, workdir, sysm, settings, mesh, verbose, perturbed.set_iteration)
+  finally:
+    sysm.world.events = base
+
+
+def perturb_settings(config) -> perturb_lib.PerturbSettings | None:
+  """config.train.pool_perturb's distribution (None when it is off or absent; the seed is the
+  run's)."""
+  p = config.train.get("pool_perturb")
+  if p is None or not p.get("enabled", False):
+    return None
+  s = perturb_lib.PerturbSettings(
+      every=int(p.every), skill_prob=float(p.skill_prob), delta_low=float(p.delta_low),
+      delta_high=float(p.delta_high), price_prob=float(p.price_prob),
+      fail_prob=float(p.fail_prob), absent_prob=float(p.absent_prob), seed=int(config.seed))
+  s.validate()
+  return s
+
+
+def pool_perturbation(config, sysm) -> perturb_lib.PerturbedPool | None:
+  """The perturbed training pool of config.train.pool_perturb (None: off); the history is a
+  sliding window of model.history_capacity rows, as always."""
+  s = perturb_settings(config)
+  if s is None:
+    return None
+  if not sysm.simulated:
+    raise errors.ConfigError("config.train.pool_perturb changes the simulated pool: it needs "
+                             "backend='simulator' and data.source='simulated'")
+  return perturb_lib.PerturbedPool(s, sysm.space.llms, perturb_lib.simulated_domains(),
+                                   sysm.world.events)
+
+
+def _train(config, workdir, sysm, settings, mesh, verbose, before_iteration) -> dict:
   env = sysm.env(float(config.alpha), reward=train_reward(config))
   model = make_model(config, sysm.featurizer.spec)
   optimizer = ppo_config.make_optimizer(config)
@@ -227,7 +268,8 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   return rl_loop.train(workdir, env=env, featurizer=sysm.featurizer, queries=sysm.train_queries,
                         model=model, optimizer=optimizer, update=update, batch_size=batch_size,
                         settings=settings, buckets=buckets,
-                        rollout_mesh=make_mesh(config, local=True), verbose=verbose)
+                        rollout_mesh=make_mesh(config, local=True), verbose=verbose,
+                        before_iteration=before_iteration)
 
 
 def load_router(config, workdir, system: system_lib.System, *, best: bool = True):

@@ -35,6 +35,8 @@ SWITCHED_OFF_WHEN = {
     "eval.online_history": lambda flat: not flat.get("eval.online_history", False),
     "eval.online_recent_rows": lambda flat: not flat.get("eval.online_recent_rows", 0),
     "train.padding": lambda flat: flat.get("train.padding", "fixed") == "fixed",
+    "train.pool_perturb": lambda flat: not flat.get("train.pool_perturb.enabled", False),
+    "model.row_layout": lambda flat: flat.get("model.row_layout", 1) == 1,
 }
 
 

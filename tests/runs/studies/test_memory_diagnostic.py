@@ -63,3 +63,19 @@ def test_an_old_workdir_evaluates_with_its_layout_and_the_diagnostic_runs(old_wo
   assert 0 <= inj["failed"]["share"] <= 1
   assert d["sensitivity"]["mean"]["llm"] > 0 and "stats" not in d["sensitivity"]
   assert diag.report_lines(d)[0].startswith("memory diagnostic")
+
+
+def test_training_under_a_perturbed_pool_puts_failures_in_the_history(tmp_path):
+  """train.pool_perturb: the training pool changes per phase (failures included), so training
+  rows carry the failed flag; the system's pool is the configured one again afterwards."""
+  c = test_config.get_config()
+  c.train.episodes = 32
+  c.train.pool_perturb.enabled = True
+  c.train.pool_perturb.every = 1
+  c.train.pool_perturb.fail_prob = 0.5
+  sysm = system_lib.build(c)
+  before = sysm.world.events
+  training.train(c, tmp_path, system=sysm, verbose=False)
+  assert sysm.world.events is before
+  _, _, history = training.load_router(c, tmp_path, sysm, best=False)
+  assert history.rows[:, -1].max() == 1.0 and history.rows[:, -1].min() == 0.0
