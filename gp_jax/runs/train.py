@@ -277,7 +277,10 @@ def load_router(config, workdir, system: system_lib.System, *, best: bool = True
 
   Evaluate with the returned history for the transductive, summary and retrieval modes (they read
   it), None for inductive. The model has the row layout the workdir was trained with
-  (recorded_row_layout: a workdir trained before row layouts existed evaluates as layout 1)."""
+  (recorded_row_layout: a workdir trained before row layouts existed evaluates as layout 1).
+  Under train.pool_perturb the running reward of one iteration is not comparable with another's
+  (each phase has its own pool), so the latest checkpoint is loaded, not the best."""
+  best = best and perturb_settings(config) is None
   model = make_model(config, system.featurizer.spec, layout=recorded_row_layout(config, workdir))
   params, history = rl_loop.restore_policy(
       pathlib.Path(workdir) / "checkpoints", model, system.featurizer,
