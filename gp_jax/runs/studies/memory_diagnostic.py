@@ -1,7 +1,8 @@
 """Memory diagnostic: can the history memory carry a signal, and does the policy read it?
 
 On a frozen trained router, every history row of one LLM's hubs is overwritten with undiluted
-evidence against it -- utility 0 (`utility0`), failed = 1 (`failed`), cost x 4 (`cost4x`) -- and
+evidence against it -- utility 0 (`utility0`), failed = 1 (`failed`, the other columns kept), cost
+x 4 (`cost4x`), or the rows a failing LLM leaves (`failing`: failed = 1, utility 0, cost 0) -- and
 the router is evaluated (greedy, weights frozen) on the same test queries with that history. For
 each injection the diagnostic reports
   share          the share of the router's calls made with the LLM (before: `none`);
@@ -35,7 +36,7 @@ from gp_jax.graph import history as history_lib
 from gp_jax.rl import rollout
 from gp_jax.runs import evaluate as evaluation
 
-INJECTIONS = ("none", "utility0", "failed", "cost4x")
+INJECTIONS = ("none", "utility0", "failed", "cost4x", "failing")
 
 
 def llm_hubs(space, llm: str) -> np.ndarray:
@@ -59,6 +60,8 @@ def inject(history: history_lib.HistoryMemory, hubs: np.ndarray, kind: str
     rows[sel, -1] = 1.0
   elif kind == "cost4x":
     rows[sel, -2] *= 4.0
+  elif kind == "failing":
+    rows[sel, -3:] = (0.0, 0.0, 1.0)
   return dataclasses.replace(history, rows=rows, hubs=history.hubs.copy())
 
 

@@ -20,7 +20,8 @@ def test_inject_overwrites_only_the_llms_rows():
   h = history_lib.HistoryMemory(7, 4, capacity=100, rows=rows, hubs=hubs)
   sel = np.array([True, False, True, False])
   mine = sel[hubs]
-  u0, fl, c4 = (diag.inject(h, sel, k) for k in ("utility0", "failed", "cost4x"))
+  u0, fl, c4, fg = (diag.inject(h, sel, k) for k in ("utility0", "failed", "cost4x", "failing"))
+  assert (fg.rows[mine, -3:] == [0, 0, 1]).all() and (fg.rows[~mine] == rows[~mine]).all()
   assert (u0.rows[mine, -3] == 0).all() and (u0.rows[~mine] == rows[~mine]).all()
   assert (fl.rows[mine, -1] == 1).all() and (fl.rows[~mine] == rows[~mine]).all()
   np.testing.assert_allclose(c4.rows[mine, -2], 4 * rows[mine, -2])
