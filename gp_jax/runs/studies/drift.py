@@ -26,7 +26,8 @@ The baselines fitted on the pre-event pool act in the evaluated one by (role, LL
 join event they cannot pick the new LLM (their networks and labels know only the old pool).
 Every arm is scored the same way: the expected reward of each evaluated query on the simulator.
 The cell also records, for GraphPlanner's arms and the optimum, the share of calls made with the
-event's LLM before and after t (does the router move off a degraded LLM, onto a new one?).
+event's LLM before t, from t on, and from t + drift_closure_after on (does the router move off a
+degraded LLM, onto a new one, and where has it settled?).
 
 The metrics (window curves, recovery, gap closure), the summary, the table and the figure are in
 gp_jax/runs/studies/drift_report.py. The memory arms run with config.study.drift_online_parallel
@@ -327,7 +328,9 @@ class DriftRunner:
     rewards.update(singles)
     states["optimum"] = optimum_states
     t = self.s.t
-    shares = {a: [llm_share(st, event_llm, 0, t), llm_share(st, event_llm, t, len(st))]
+    settled = t + self.s.closure_after   # shares: before, after, and from t + closure_after on
+    shares = {a: [llm_share(st, event_llm, 0, t), llm_share(st, event_llm, t, len(st)),
+                  llm_share(st, event_llm, settled, len(st))]
               for a, st in states.items()}
     return dict(study=STUDY, variant=kind, seed=seed, alpha=alpha, t=self.s.t,
                 window=self.s.window, recovery_after=self.s.recovery_after, eval_overrides=ev,

@@ -152,7 +152,9 @@ def summarize(cells: list[dict]) -> dict:
         ev[label]["recovery"] = stats.ci95([recovery(x, c["rewards"]["retrained"], t, after, w)
                                       for x, c in zip(r, cs)])
       if all(label in c.get("event_llm_share", {}) for c in cs):
-        ev[label]["share"] = [stats.ci95([c["event_llm_share"][label][j] for c in cs]) for j in (0, 1)]
+        spans = min(len(c["event_llm_share"][label]) for c in cs)   # 2 in older cells
+        ev[label]["share"] = [stats.ci95([c["event_llm_share"][label][j] for c in cs])
+                              for j in range(spans)]
     out[kind] = dict(arms=ev, best=best, t=t, window=w, after=after,
                      event_llm=cs[0].get("event_llm"), vs_frozen=vs_frozen(cs, t),
                      seeds=sorted(c["seed"] for c in cs), n_test=cs[0]["n_test"],
@@ -248,7 +250,8 @@ def markdown(cells: list[dict], figure: str | None, title: str | None = None) ->
          "chosen on their post-event reward (after the fact), the arm chosen in brackets. "
          "In the figure the shaded bands are the 95% intervals of the online and retrained arms. "
          "online_recent: online memory in a recency window (the newest rows only). Share: the "
-         "fraction of the arm's calls made with the event's LLM, before / after the event."]
+         "fraction of the arm's calls made with the event's LLM, before / after the event (/ from "
+         "t + closure_after on, in cells that record it)."]
   if figure:
     out += ["", f"![drift]({figure})"]
   for kind, ev in summary.items():

@@ -248,6 +248,7 @@ def test_tiny_study_every_arm_a_failing_llm_and_resume(tmp_path, capsys):
       assert r["optimum"][4:].mean() > 0.05
       # the optimum never calls the failed LLM after t
       assert cell["event_llm_share"]["optimum"][1] == 0.0
+      assert cell["event_llm_share"]["optimum"][2] == 0.0 and len(cell["event_llm_share"]["online"]) == 3
     else:   # the join LLM is in the configured pool: the router meeting it was trained without it
       join = c.study.drift_join_llm
       assert join in cell["llms"] and len(cell["llms"]) == 3 and cell["event_llm"] == join
