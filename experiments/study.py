@@ -13,6 +13,7 @@ from experiments import common
 from gp_jax import config_lists
 from gp_jax.runs.studies import definitions
 from gp_jax.runs.studies import drift
+from gp_jax.runs.studies import drift_report
 from gp_jax.runs.studies import runner
 
 _CONFIG = common.define_config("experiments/configs/study.py", "Study config.", complete=True)
@@ -30,7 +31,7 @@ def main(argv):
     workdir = _WORKDIR.value or f"workdirs/studies/{drift.STUDY}"
     res = drift.DriftRunner(c, workdir).run(config_lists.numbers(s.seeds, "study.seeds", int))
     print(f"ran {len(res['ran'])} cells, skipped {len(res['skipped'])} finished ones, in "
-          f"{res['seconds']:.0f}s; report: {drift.write_report(workdir)}")
+          f"{res['seconds']:.0f}s; report: {drift_report.write_report(workdir)}")
     return
   variants = definitions.variants(_STUDY.value, c)
   kwargs = dict(knn_k=int(s.knn_k), mlp_hidden=int(s.mlp_hidden), steps=int(s.router_steps))

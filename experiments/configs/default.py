@@ -89,6 +89,11 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.retrieval_k = 5          # history rows retrieved per decision (history = "retrieval")
   c.model.attention_heads = 4      # heads of the transformer encoder (must divide hidden)
   c.model.history_capacity = 100_000  # history rows kept (oldest evicted between iterations)
+  c.model.row_layout = 1           # history rows: 1 the episode's reward utility on every row
+                                   # (the layout of the published numbers);
+                                   # 2 per-call credit of the scored utility + per-hub statistics
+                                   # read by policy and value (docs/memory.md); records without
+                                   # the field are layout 1
 
   c.ppo = ml_collections.ConfigDict()
   c.ppo.learning_rate = 3e-4       # paper
@@ -120,6 +125,16 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.padding = "fixed"        # transitions per update: "fixed" (every call the episodes
                                    # could make) or "buckets" (sizes <= 4/3 apart: <= 25% padding,
                                    # one compilation per size met; docs/scaling.md)
+  c.train.pool_perturb = ml_collections.ConfigDict()   # training under changing pools
+  c.train.pool_perturb.enabled = False  # perturb the training pool every few iterations
+                                   # (gp_jax/sim/perturb.py, docs/memory.md; simulator only)
+  c.train.pool_perturb.every = 2   # iterations per phase (one perturbation per phase)
+  c.train.pool_perturb.skill_prob = 0.3   # per LLM and phase: executor skill shift on random
+  c.train.pool_perturb.delta_low = -3.0   # domains by delta ~ U[delta_low, delta_high] logits
+  c.train.pool_perturb.delta_high = 1.0
+  c.train.pool_perturb.price_prob = 0.2   # prices x one of 0.25, 0.5, 2, 4
+  c.train.pool_perturb.fail_prob = 0.1    # every call fails
+  c.train.pool_perturb.absent_prob = 0.1  # absent for the phase (joins again after it)
 
   c.parallel = ml_collections.ConfigDict()   # docs/scaling.md
   c.parallel.devices = 0           # learner mesh size: 0 = all devices (of all processes)

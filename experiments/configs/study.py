@@ -52,6 +52,10 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
                                    # queries after the event, over one window
   c.study.drift_recent_rows = 40 if arg == "test" else 1000   # arm online_recent: online memory
                                    # keeping only its newest rows (a recency window)
+  c.study.drift_closure_after = 4 if arg == "test" else 50   # gap closure (arm - frozen) /
+  c.study.drift_closure_len = 12 if arg == "test" else 150   # (retrained - frozen) over queries
+                                   # [t + closure_after, + closure_len)
+  c.study.drift_online_parallel = 4  # episodes in flight of the memory arms (online memory)
   # The drift study's baselines, fitted once per seed on the pre-event pool: single-round routers
   # (arms "router:<name>"), and Router-R1-style (trained with PPO for as many episodes as the
   # GraphPlanner router; clip, epochs, minibatches, gamma, lambda, grad clip from config.ppo) and

@@ -27,6 +27,16 @@ from gp_jax.workflow import mdp
 from gp_jax.workflow import reward as reward_lib
 
 STATE_EXTRA = 8   # structural state features appended to the node-text embedding
+# Row layouts (config model.row_layout; docs/memory.md). 1: every row of an episode carries the
+# episode's reward utility (the expected utility on the simulator), the policy reads the rows'
+# mean only. 2: each row carries its call's credit of the episode's scored utility (`call_credit`,
+# the kind a serving router's feedback gives), and the policy and the value network also read
+# per-hub statistics (gp_jax/graph/history.py, HubStats). Records made before the field existed
+# are layout 1.
+ROW_LAYOUTS = (1, 2)
+ROW_LAYOUT_OF_OLDER_CONFIGS = 1
+ROW_UTILITY = {1: "reward utility of the episode, on every call",
+               2: "per-call credit of the scored utility"}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -87,6 +97,19 @@ def memory_row_table(input_embs: np.ndarray, output_embs: np.ndarray, utility: n
   c = np.array([[reward_lib.cost_units(x)] for x in cost_usd], np.float32)
   f = np.array([[float(x)] for x in failed], np.float32)
   return np.concatenate([s, o, utility, c, f], axis=1).astype(np.float32)
+
+
+def call_credit(failed, utility: float) -> np.ndarray:
+  """Per-call credit [n, 1] of an episode's utility U over its n calls (row layout 2).
+
+  A failed call returned nothing, so it contributed nothing: credit 0. The k calls that answered
+  share U equally: U / k each. So an episode's credits sum to U whenever a call answered (and an
+  episode whose calls all failed has no answer, U = 0, and credits 0).
+  """
+  ok = ~np.asarray(failed, bool).reshape(-1)
+  k = int(ok.sum())
+  credit = np.where(ok, float(utility) / k, 0.0) if k else np.zeros(len(ok))
+  return credit.reshape(-1, 1).astype(np.float32)
 
 
 def pad_rows(rows: np.ndarray, hubs, spec: FeatureSpec) -> tuple[np.ndarray, np.ndarray,
@@ -160,6 +183,20 @@ class Featurizer:
         self.encoder.encode([c.input_text for c in calls]),
         self.encoder.encode([c.output_text or "(no output)" for c in calls]),
         np.full((len(calls), 1), 0.0 if utility is None else utility, np.float32),
+        [x.cost_usd for x in calls], [x.error is not None for x in calls], self.proj)
+
+  def episode_rows(self, calls: list[mdp.Call], utility: float, row_layout: int) -> np.ndarray:
+    """The history rows [len(calls), F] of a finished episode whose utility is `utility`:
+    layout 1 copies it onto every row, layout 2 gives each row its call's credit (call_credit).
+    The one function for rows joining a history (training, online evaluation, serving)."""
+    if row_layout not in ROW_LAYOUTS:
+      raise ValueError(f"unknown row layout {row_layout!r}; known: {ROW_LAYOUTS}")
+    if row_layout == 1 or not calls:
+      return self.memory_rows(calls, utility)
+    return memory_row_table(
+        self.encoder.encode([c.input_text for c in calls]),
+        self.encoder.encode([c.output_text or "(no output)" for c in calls]),
+        call_credit([c.error is not None for c in calls], utility),
         [x.cost_usd for x in calls], [x.error is not None for x in calls], self.proj)
 
   def state_vector(self, state: mdp.WorkflowState, node_emb: np.ndarray) -> np.ndarray:

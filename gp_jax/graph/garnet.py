@@ -30,6 +30,11 @@ Ablations (docs/ablations.md), all behind the same methods so rollout and PPO co
     summarising its past calls: H_hist = T_hub(x_hub) + beta_h * T_sum(e_summary).
   Retrieved rows (observation fields ret_rows [k, F], ret_hub [k], ret_valid [k]) join the
     workflow rows when present (history mode "retrieval", with use_history=False).
+Row layout 2 (row_layout=2, docs/memory.md): the observation also holds hub_stats [A, S], the
+per-hub statistics of the history (gp_jax/graph/history.py, HubStats: confidence, empty, recency-
+weighted utility, cost and failure rate). The policy adds T_stats(hub_stats) to H_hist; the value
+network pools T_value_hub(hub features) + T_value_stats(hub_stats) over the hubs (mean and max), so both read
+what the history says of each hub.
 The history graph always aggregates with the mean: its per-hub sums must stay prefix-summable so
 that the PPO update can rebuild every decision's exact snapshot; attention over history rows would
 need each snapshot's softmax normaliser, which prefix sums of rows cannot give.
@@ -42,6 +47,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import jraph
+
+from gp_jax.graph import history as history_lib
 
 NEG_INF = -1e9
 ENCODERS = ("garnet", "homogeneous", "gat", "transformer")
@@ -197,6 +204,13 @@ def workflow_graph(query_emb, hubs, rows, row_hub, row_valid) -> jraph.GraphsTup
                            n_edge=jnp.array([M]), globals=None)
 
 
+def _hub_stats(obs):
+  if "hub_stats" not in obs:
+    raise ValueError("a row-layout-2 GARNet reads the observation field hub_stats [A, S] (the "
+                     "PolicyRunner adds it)")
+  return obs["hub_stats"]
+
+
 def memory_rows(obs):
   """(rows [M', F], row_hub [M'], row_valid [M']) of an observation: its workflow rows, followed
   by its retrieved history rows when the observation has them (retrieval ablation)."""
@@ -224,6 +238,12 @@ class GARNet(nn.Module):
   retrieval_k: int = 0
   heads: int = 4
   input_width: int = 0
+  row_layout: int = 1
+
+  @property
+  def reads_stats(self) -> bool:
+    """Row layout 2: the observations carry hub_stats [A, S], which both networks read."""
+    return self.row_layout >= 2
 
   def setup(self):
     if self.encoder not in ENCODERS:
@@ -246,12 +266,16 @@ class GARNet(nn.Module):
     aggregate = {"gat": "gat", "transformer": "transformer"}.get(self.encoder, "mean")
     self.layers = [GARNetLayer(self.hidden, aggregate=aggregate, shared=homogeneous,
                                heads=self.heads) for _ in range(self.num_layers)]
+    if self.reads_stats:
+      self.hist_stats = TableTransform(self.hidden)
     self.policy_mlp = MLP((self.mlp_hidden, self.hidden), last_scale=0.01)
     if homogeneous:
       self.value_shared = SharedTransform(self.input_width, self.hidden)
     else:
       self.value_row = TableTransform(self.hidden)
       self.value_hub = TableTransform(self.hidden)
+    if self.reads_stats:
+      self.value_stats = TableTransform(self.hidden)
     self.value_mlp = MLP((self.mlp_hidden, self.mlp_hidden, 1))
 
   @property
@@ -278,6 +302,8 @@ class GARNet(nn.Module):
 
   def policy(self, h_hist, obs):
     """Masked logits [A] for one observation given H_hist [A, d]."""
+    if self.reads_stats:
+      h_hist = h_hist + self.hist_stats(_hub_stats(obs))
     rows, row_hub, row_valid = memory_rows(obs)
     if self._homogeneous:
       q, rows = self.shared_in(obs["query"]), self.shared_in(rows)
@@ -299,7 +325,11 @@ class GARNet(nn.Module):
     rows = t_row(rows)
     w = valid.astype(rows.dtype)[:, None]
     pooled_rows = (rows * w).sum(0) / jnp.maximum(w.sum(), 1.0)
-    pooled_hubs = t_hub(hub_features).mean(0)
+    if self.reads_stats:
+      hubs = t_hub(hub_features) + self.value_stats(_hub_stats(obs))
+      pooled_hubs = jnp.concatenate([hubs.mean(0), hubs.max(0)])
+    else:
+      pooled_hubs = t_hub(hub_features).mean(0)
     x = jnp.concatenate([obs["task"], obs["query"], obs["state"], pooled_rows, pooled_hubs])
     return self.value_mlp(x)[0]
 
@@ -307,6 +337,8 @@ class GARNet(nn.Module):
     """Touches every parameter (used by init)."""
     h = self.history_rows(hist_rows)
     A = hub_features.shape[0]
+    if self.reads_stats and "hub_stats" not in obs:
+      obs = dict(obs, hub_stats=jnp.zeros((A, history_lib.STAT_DIM)))
     if self.history_input == "summary":
       hub_in = jnp.zeros((A, obs["query"].shape[-1]))
     else:

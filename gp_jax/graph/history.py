@@ -136,3 +136,99 @@ class HistoryMemory:
   def load_state_dict(self, d: dict) -> None:
     self.rows = np.asarray(d["rows"], np.float32).reshape(-1, self.row_dim)
     self.hubs = np.asarray(d["hubs"], np.int32).reshape(-1)
+
+
+# ---- per-hub statistics (row layout 2) ----------------------------------------------------------
+# What the policy and the value network read of each hub's history rows besides the transformed
+# rows' mean (docs/memory.md, "Rows that carry the signal"): [A, STAT_DIM] float32, per hub
+#   confidence  n / (n + CONFIDENCE_ROWS), n the hub's rows (0 for an empty hub)
+#   empty       1 when the hub has no rows (an empty hub is not a bad one: its means are 0 too)
+#   utility     recency-weighted mean of the rows' utility column
+#   cost        log(1 + recency-weighted mean of the rows' cost column) (milli-dollars)
+#   failure     recency-weighted mean of the rows' failed column (the failure rate)
+# Recency weights: a row's weight is RECENCY ** (number of the same hub's rows that arrived after
+# it), so the newest row weighs 1 and a row 13 calls older about half (RECENCY = 0.95). The
+# weighted sums update exactly when rows join at the new end or leave at the old end (`add`,
+# `remove`), so decisions keep them incrementally as they keep the hub sums.
+STAT_NAMES = ("confidence", "empty", "utility", "cost", "failure")
+STAT_DIM = len(STAT_NAMES)
+CONFIDENCE_ROWS = 10.0
+RECENCY = 0.95
+
+
+def within_hub_position(hubs: np.ndarray) -> np.ndarray:
+  """[n] 0-based position of each row among the rows of its hub (in the given order)."""
+  hubs = np.asarray(hubs, np.int64)
+  order = np.argsort(hubs, kind="stable")
+  srt = hubs[order]
+  pos = np.empty(len(hubs), np.int64)
+  pos[order] = np.arange(len(hubs)) - np.searchsorted(srt, srt, side="left")
+  return pos
+
+
+class HubStats:
+  """Recency-weighted per-hub statistics of a history memory's rows (module notes above).
+
+  Columns of a row [F]: utility at F - 3, cost at F - 2, failed at F - 1 (features.memory_row_table).
+  """
+
+  def __init__(self, num_hubs: int, recency: float = RECENCY):
+    if not 0.0 < recency <= 1.0:
+      raise ValueError(f"recency must lie in (0, 1], got {recency}")
+    self.num_hubs, self.recency = int(num_hubs), float(recency)
+    self.n = np.zeros(self.num_hubs, np.float64)
+    self.sums = np.zeros((self.num_hubs, 4), np.float64)   # weight, utility, cost, failed
+
+  @classmethod
+  def of(cls, rows: np.ndarray, hubs: np.ndarray, num_hubs: int,
+         recency: float = RECENCY) -> "HubStats":
+    """The statistics of rows [n, F] (arrival order) of hubs [n]."""
+    s = cls(num_hubs, recency)
+    s.add(rows, hubs)
+    return s
+
+  def _terms(self, rows, hubs, rank_from_end):
+    x = np.asarray(rows, np.float64)
+    w = self.recency ** rank_from_end
+    vals = np.stack([np.ones(len(x)), x[:, -3], x[:, -2], x[:, -1]], 1) * w[:, None]
+    out = np.zeros((self.num_hubs, 4))
+    for j in range(4):
+      out[:, j] = np.bincount(hubs, weights=vals[:, j], minlength=self.num_hubs)[:self.num_hubs]
+    return out
+
+  def add(self, rows: np.ndarray, hubs: np.ndarray) -> None:
+    """Rows [m, F] of hubs [m] join at the new end (in this order); padding hubs (>= A) skipped."""
+    hubs = np.asarray(hubs, np.int64)
+    keep = hubs < self.num_hubs
+    rows, hubs = np.asarray(rows)[keep], hubs[keep]
+    if not len(hubs):
+      return
+    m = np.bincount(hubs, minlength=self.num_hubs)[:self.num_hubs]
+    rank = m[hubs] - 1 - within_hub_position(hubs)
+    self.sums = self.sums * (self.recency ** m)[:, None] + self._terms(rows, hubs, rank)
+    self.n += m
+
+  def remove(self, rows: np.ndarray, hubs: np.ndarray) -> None:
+    """Rows [m, F] of hubs [m] leave at the old end: they are each hub's oldest rows, in order."""
+    hubs = np.asarray(hubs, np.int64)
+    keep = hubs < self.num_hubs
+    rows, hubs = np.asarray(rows)[keep], hubs[keep]
+    if not len(hubs):
+      return
+    m = np.bincount(hubs, minlength=self.num_hubs)[:self.num_hubs]
+    if np.any(m > self.n):
+      raise ValueError("removing more rows of a hub than it holds")
+    rank = self.n[hubs].astype(np.int64) - 1 - within_hub_position(hubs)
+    self.sums = self.sums - self._terms(rows, hubs, rank)
+    self.n -= m
+    self.sums[self.n == 0] = 0.0   # exact for an emptied hub
+
+  def table(self) -> np.ndarray:
+    """[A, STAT_DIM] float32 (STAT_NAMES)."""
+    n = self.n
+    has = n > 0
+    w = np.where(has, np.maximum(self.sums[:, 0], 1e-30), 1.0)
+    mean = np.where(has[:, None], self.sums[:, 1:] / w[:, None], 0.0)
+    out = np.stack([n / (n + CONFIDENCE_ROWS), (~has).astype(np.float64), mean[:, 0],
+                    np.log1p(np.maximum(mean[:, 1], 0.0)), mean[:, 2]], 1)
+    return out.astype(np.float32)

@@ -198,7 +198,8 @@ class _Loop:
 def train(workdir: str | pathlib.Path, *, env: env_lib.WorkflowEnv,
           featurizer: features_lib.Featurizer, queries: list[Query], model: garnet_lib.GARNet,
           optimizer, update: Callable, batch_size: int, settings: LoopSettings,
-          buckets: list[int] | None = None, rollout_mesh=None, verbose: bool = True) -> dict:
+          buckets: list[int] | None = None, rollout_mesh=None, verbose: bool = True,
+          before_iteration: Callable[[int], None] | None = None) -> dict:
   """Trains the policy `model` on `env` with PPO; resumes from the latest checkpoint in workdir.
 
   The caller (gp_jax/runs/train.py) has checked workdir's config record. Several processes
@@ -220,6 +221,8 @@ def train(workdir: str | pathlib.Path, *, env: env_lib.WorkflowEnv,
     buckets: padded batch sizes to choose from per iteration (None: always batch_size).
     rollout_mesh: this process's devices for the rollouts' history refresh (None: one device).
     verbose: progress bar and resume note (pass False on processes other than 0).
+    before_iteration: called with each iteration's index before its rollouts (a training pool
+      that changes between iterations, gp_jax/sim/perturb.py).
   Returns:
     iteration, episodes, running_reward, best_running, best_iteration, stopped_early of the
     last iteration, and train_seconds (this call's wall time).
@@ -255,6 +258,8 @@ def train(workdir: str | pathlib.Path, *, env: env_lib.WorkflowEnv,
     for it in range(progress.iteration + 1, n_iters):
       if progress.stopped_early:
         break
+      if before_iteration is not None:
+        before_iteration(it)
       state, progress, rec = _iteration(loop, state, progress, it)
       if log is not None:
         log.write(rec)

@@ -34,7 +34,7 @@ from gp_jax.graph import garnet as garnet_lib
 from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import parallel
 
-VALUE_MODULES = ("value_row", "value_hub", "value_mlp", "value_shared")   # GARNet's value network
+VALUE_MODULES = ("value_row", "value_hub", "value_mlp", "value_shared", "value_stats")   # GARNet's value network
 # History rows one device encodes at once in the update when it holds more than twice as many
 # (bounded memory; the sums are then added in another order: last-bit differences from one pass).
 ROW_BLOCK = 1 << 19

@@ -9,6 +9,10 @@ History ablations (the model's fields say which): history_input="summary" reads 
 embeddings made from the history memory at each `set_params` (fixed for the iteration, so the PPO
 update is given the same array: `history_input_array`); retrieval_k > 0 adds the k most similar
 history rows to every observation (stored with it, so the update sees the same rows).
+Row layout 2 (model.row_layout; docs/memory.md): a finished episode's rows carry each call's
+credit of its scored utility (Featurizer.episode_rows), and every decision reads per-hub
+statistics of the history (history.HubStats) kept here beside the hub sums; the rollout stores
+them in each observation (hub_stats), so the update reads what the decision read.
 Online memory (evaluation, weights frozen): `online=True` lets finished episodes join the history
 as in training and keeps it within its capacity as they join (see `run_episodes`).
 """
@@ -60,6 +64,8 @@ class PolicyRunner:
     width = featurizer.spec.text_dim if self.summary else model.hidden
     self.hub_sum = np.zeros((A, width), np.float32)
     self.hub_count = np.zeros(A, np.float32)
+    self.row_layout = int(getattr(model, "row_layout", 1))
+    self.stats = history_lib.HubStats(A) if model.reads_stats else None
 
     def scores(params, hub_features, hub_sum, hub_count, obs):
       h_hist = model.apply({"params": params}, hub_features, hub_sum, hub_count,
@@ -119,6 +125,9 @@ class PolicyRunner:
     self.params = params
     self.hub_sum[:] = 0
     self.hub_count[:] = 0
+    if self.stats is not None:
+      self.stats = (history_lib.HubStats.of(history.rows, history.hubs, self.num_hubs)
+                    if history is not None else history_lib.HubStats(self.num_hubs))
     if self.summary:
       rows, hubs = (history.rows, history.hubs) if history is not None else (
           np.zeros((0, self.featurizer.spec.row_dim), np.float32), np.zeros(0, np.int32))
@@ -147,7 +156,10 @@ class PolicyRunner:
   def add_history(self, rows: np.ndarray, hubs: np.ndarray, sign: float = 1.0) -> None:
     """New history rows: added to the kept sums (the summary changes only at set_params).
     sign=-1 subtracts rows that left the history (a server evicting as it goes; float32 sums
-    drift slowly that way, so it recomputes them with set_params from time to time)."""
+    drift slowly that way, so it recomputes them with set_params from time to time). The hub
+    statistics (row layout 2) follow: rows join at the new end, or (sign=-1) leave at the old."""
+    if self.stats is not None:
+      (self.stats.add if sign > 0 else self.stats.remove)(rows, hubs)
     if not self.keeps_sums:
       return
     for i in range(0, len(rows), ROW_CHUNK):
@@ -165,8 +177,22 @@ class PolicyRunner:
     when they were added, so each row's transform is the one that was added)."""
     self.add_history(rows, hubs, sign=-1.0)
 
+  def stats_table(self) -> np.ndarray | None:
+    """[A, S] the per-hub statistics decisions read now (row layout 2), else None."""
+    return self.stats.table() if self.stats is not None else None
+
+  def with_stats(self, obs: dict, table: np.ndarray | None = None) -> dict:
+    """A batch of observations with hub_stats [B, A, S] (row layout 2; the current statistics,
+    or `table`) when it has none; unchanged otherwise."""
+    if self.stats is None or "hub_stats" in obs:
+      return obs
+    table = self.stats_table() if table is None else table
+    B = len(obs["mask"])
+    return dict(obs, hub_stats=np.broadcast_to(table, (B,) + table.shape))
+
   def scores(self, obs: dict) -> tuple[np.ndarray, np.ndarray]:
     """Masked logits [B, A] and values [B] of a batch of observations."""
+    obs = self.with_stats(obs)
     logits, values = self._scores(self.params, self.hub_features, self.hub_sum, self.hub_count,
                                   obs)
     return np.asarray(logits), np.asarray(values)
@@ -174,14 +200,17 @@ class PolicyRunner:
   def act(self, obs: dict, key, greedy: bool):
     """Actions [B], their log-probabilities [B] and values [B] of a batch of observations; the
     sampled actions draw one categorical over the whole batch with `key` (a rollout's lock-step)."""
+    obs = self.with_stats(obs)
     a, lp, v = self._act(self.params, self.hub_features, self.hub_sum, self.hub_count, obs, key,
                          jnp.asarray(greedy))
     return np.asarray(a), np.asarray(lp), np.asarray(v)
 
   def decision_inputs(self) -> tuple:
     """A copy of what `act` reads besides the observations (parameters, hub features, history
-    sums), for `act_each` in another thread while this one keeps updating the sums."""
-    return self.params, self.hub_features, self.hub_sum.copy(), self.hub_count.copy()
+    sums; the hub statistics of row layout 2 last), for `act_each` in another thread while this
+    one keeps updating the sums."""
+    return (self.params, self.hub_features, self.hub_sum.copy(), self.hub_count.copy(),
+            self.stats_table())
 
   def act_each(self, obs: dict, key, ids: np.ndarray, greedy: bool, inputs: tuple | None = None):
     """As `act`, but each decision samples with its own key, decision_key(key, ids[i]) (ids
@@ -189,8 +218,9 @@ class PolicyRunner:
     decisions share its batch, so batched decisions are the unbatched ones (gp_jax/rl/decisions.py).
     inputs: from `decision_inputs` (a worker thread's call); None: the runner's current ones."""
     inputs = inputs if inputs is not None else (self.params, self.hub_features, self.hub_sum,
-                                                self.hub_count)
-    a, lp, v = self._act_each(*inputs, obs, key, jnp.asarray(ids, jnp.uint32), jnp.asarray(greedy))
+                                                self.hub_count, self.stats_table())
+    obs = self.with_stats(obs, inputs[4] if len(inputs) > 4 else None)
+    a, lp, v = self._act_each(*inputs[:4], obs, key, jnp.asarray(ids, jnp.uint32), jnp.asarray(greedy))
     return np.asarray(a), np.asarray(lp), np.asarray(v)
 
 
@@ -319,6 +349,10 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
         index.sync(history.rows, history.hubs)
       for o, extra in zip(obs, index.fields(np.stack([ep.query_emb for _, (_, ep) in live]))):
         o.update(extra)
+    if runner.stats is not None:   # what this lock-step's decisions read, kept for the update
+      table = runner.stats_table()
+      for o in obs:
+        o["hub_stats"] = table
     offset = sum(in_flight[:jax.process_index()]) if shard is not None else 0
     batch = features_lib.stack([obs[0]] * offset + obs, pad_to=runner.batch_size)
     actions, logp, values = runner.act(batch, jax.random.fold_in(key, step), greedy)
@@ -335,7 +369,8 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
       if res.done:
         ep.utility = env.reward_utility(ep.state, ep.query)
         if grow_history and history is not None:
-          new_rows.append(featurizer.memory_rows(ep.state.calls, ep.utility))
+          new_rows.append(featurizer.episode_rows(ep.state.calls, row_utility(env, ep, runner),
+                                                  runner.row_layout))
           new_hubs.append(np.array([c.action for c in ep.state.calls], np.int32))
           new_ids.append(i)
         done[i] = ep
@@ -361,6 +396,13 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
         if runner.summary:   # the per-hub summary text follows the memory
           runner.set_params(runner.params, history)
   return [done[i] for i in range(len(queries))]
+
+
+def row_utility(env: env_lib.WorkflowEnv, ep: Episode, runner: PolicyRunner) -> float:
+  """The utility a finished episode's history rows share: layout 1 the reward utility (the
+  expected utility on the simulator), layout 2 the scored utility (what a serving router's
+  feedback gives: the same kind in training, online evaluation and serving)."""
+  return ep.utility if runner.row_layout == 1 else env.utility(ep.state, ep.query)
 
 
 def _exchange(shard: RolloutShard, new_rows: list, new_hubs: list, live: int,

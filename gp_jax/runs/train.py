@@ -21,13 +21,41 @@ from gp_jax.rl import loop as rl_loop
 from gp_jax.runs import ppo_config
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import workdir as workdir_config
+from gp_jax.sim import perturb as perturb_lib
 
 # Config fields a resumed training run may change (gp_jax/runs/workdir.py).
 TRAIN_CONFIG_FREE = ("sweep", "study", "eval", "train.checkpoint_every", "parallel")
 
 
-def make_model(config, spec: features_lib.FeatureSpec | None = None) -> garnet_lib.GARNet:
-  """The GARNet (or ablation) of config.model: encoder, history mode, retrieval_k, heads.
+def row_layout(config) -> int:
+  """config.model.row_layout (features.ROW_LAYOUT_OF_OLDER_CONFIGS when an older record has no
+  such field)."""
+  layout = config.model.get("row_layout", features_lib.ROW_LAYOUT_OF_OLDER_CONFIGS)
+  if layout not in features_lib.ROW_LAYOUTS:
+    raise errors.ConfigError(f"config.model.row_layout must be one of "
+                             f"{', '.join(map(str, features_lib.ROW_LAYOUTS))}; got {layout!r}")
+  return int(layout)
+
+
+def recorded_row_layout(config, workdir) -> int:
+  """The row layout a trained workdir was trained with: its config record's model.row_layout
+  (layout 1 for a record made before the field existed), or config's when it has no record."""
+  path = pathlib.Path(workdir) / workdir_config.CONFIG_FILE
+  if not path.exists():
+    return row_layout(config)
+  recorded = errors.read_json(path, "workdir config record")
+  layout = recorded.get("model.row_layout", features_lib.ROW_LAYOUT_OF_OLDER_CONFIGS) if \
+      isinstance(recorded, dict) else features_lib.ROW_LAYOUT_OF_OLDER_CONFIGS
+  if layout not in features_lib.ROW_LAYOUTS:
+    raise errors.DataError(f"{path}: model.row_layout {layout!r} is not one of "
+                           f"{features_lib.ROW_LAYOUTS}")
+  return int(layout)
+
+
+def make_model(config, spec: features_lib.FeatureSpec | None = None, *,
+               layout: int | None = None) -> garnet_lib.GARNet:
+  """The GARNet (or ablation) of config.model: encoder, history mode, retrieval_k, heads, row
+  layout (`layout` overrides config.model.row_layout: a trained workdir's recorded one).
 
   spec: the feature spec (needed by the homogeneous encoder, whose shared input transform spans
   the widest table; without it the width comes from config.text.dim and config.model.mem_proj).
@@ -54,6 +82,9 @@ def make_model(config, spec: features_lib.FeatureSpec | None = None) -> garnet_l
     kw["history_input"] = "summary"
   if history == "retrieval":
     kw["retrieval_k"] = int(k)
+  layout = row_layout(config) if layout is None else layout
+  if layout != 1:
+    kw["row_layout"] = layout
   return garnet_lib.GARNet(hidden=int(m.hidden), num_layers=int(m.num_layers),
                            mlp_hidden=int(m.mlp_hidden),
                            use_history=history in ("transductive", "summary"), **kw)
@@ -123,6 +154,7 @@ def validate(config) -> None:
       raise errors.ConfigError(f"invalid config: need {what}")
   ppo_config.ppo_settings(config)          # unknown ppo.lr_schedule / entropy_schedule names
   make_model(config)                        # model errors before anything is built
+  perturb_settings(config)                  # pool perturbation out of range
 
 
 def loop_settings(config, max_calls: int) -> rl_loop.LoopSettings:
@@ -172,6 +204,45 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
                       f"more without a warm XLA cache)")
   sysm = system or system_lib.build(config)
   settings = loop_settings(config, ppo_config.max_calls(sysm))
+  perturbed = pool_perturbation(config, sysm)
+  if perturbed is None:
+    return _train(config, workdir, sysm, settings, mesh, verbose, None)
+  base = sysm.world.events
+  sysm.world.events = perturbed   # the training split's pool follows the phase; restored after
+  try:
+    return _train(config, workdir, sysm, settings, mesh, verbose, perturbed.set_iteration)
+  finally:
+    sysm.world.events = base
+
+
+def perturb_settings(config) -> perturb_lib.PerturbSettings | None:
+  """config.train.pool_perturb's distribution (None when it is off or absent; the seed is the
+  run's)."""
+  p = config.train.get("pool_perturb")
+  if p is None or not p.get("enabled", False):
+    return None
+  s = perturb_lib.PerturbSettings(
+      every=int(p.every), skill_prob=float(p.skill_prob), delta_low=float(p.delta_low),
+      delta_high=float(p.delta_high), price_prob=float(p.price_prob),
+      fail_prob=float(p.fail_prob), absent_prob=float(p.absent_prob), seed=int(config.seed))
+  s.validate()
+  return s
+
+
+def pool_perturbation(config, sysm) -> perturb_lib.PerturbedPool | None:
+  """The perturbed training pool of config.train.pool_perturb (None: off); the history is a
+  sliding window of model.history_capacity rows, as always."""
+  s = perturb_settings(config)
+  if s is None:
+    return None
+  if not sysm.simulated:
+    raise errors.ConfigError("config.train.pool_perturb changes the simulated pool: it needs "
+                             "backend='simulator' and data.source='simulated'")
+  return perturb_lib.PerturbedPool(s, sysm.space.llms, perturb_lib.simulated_domains(),
+                                   sysm.world.events)
+
+
+def _train(config, workdir, sysm, settings, mesh, verbose, before_iteration) -> dict:
   env = sysm.env(float(config.alpha), reward=config.train.reward)
   model = make_model(config, sysm.featurizer.spec)
   optimizer = ppo_config.make_optimizer(config)
@@ -184,15 +255,20 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
   return rl_loop.train(workdir, env=env, featurizer=sysm.featurizer, queries=sysm.train_queries,
                         model=model, optimizer=optimizer, update=update, batch_size=batch_size,
                         settings=settings, buckets=buckets,
-                        rollout_mesh=make_mesh(config, local=True), verbose=verbose)
+                        rollout_mesh=make_mesh(config, local=True), verbose=verbose,
+                        before_iteration=before_iteration)
 
 
 def load_router(config, workdir, system: system_lib.System, *, best: bool = True):
   """(model, params, history) from a run's checkpoint (best by running reward, or latest).
 
   Evaluate with the returned history for the transductive, summary and retrieval modes (they read
-  it), None for inductive."""
-  model = make_model(config, system.featurizer.spec)
+  it), None for inductive. The model has the row layout the workdir was trained with
+  (recorded_row_layout: a workdir trained before row layouts existed evaluates as layout 1).
+  Under train.pool_perturb the running reward of one iteration is not comparable with another's
+  (each phase has its own pool), so the latest checkpoint is loaded, not the best."""
+  best = best and perturb_settings(config) is None
+  model = make_model(config, system.featurizer.spec, layout=recorded_row_layout(config, workdir))
   params, history = rl_loop.restore_policy(
       pathlib.Path(workdir) / "checkpoints", model, system.featurizer,
       ppo_config.make_optimizer(config), seed=config.seed, num_hubs=system.space.size,

@@ -36,6 +36,8 @@ SWITCHED_OFF_WHEN = {
     "eval.online_recent_rows": lambda flat: not flat.get("eval.online_recent_rows", 0),
     "train.padding": lambda flat: flat.get("train.padding", "fixed") == "fixed",
     "sim": lambda flat: flat.get("sim.world", "v1") == "v1" and not flat.get("sim.world_file", ""),
+    "train.pool_perturb": lambda flat: not flat.get("train.pool_perturb.enabled", False),
+    "model.row_layout": lambda flat: flat.get("model.row_layout", 1) == 1,
 }
 
 

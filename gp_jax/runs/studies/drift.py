@@ -26,17 +26,15 @@ The baselines fitted on the pre-event pool act in the evaluated one by (role, LL
 join event they cannot pick the new LLM (their networks and labels know only the old pool).
 Every arm is scored the same way: the expected reward of each evaluated query on the simulator.
 The cell also records, for GraphPlanner's arms and the optimum, the share of calls made with the
-event's LLM before and after t (does the router move off a degraded LLM, onto a new one?).
+event's LLM before t, from t on, and from t + drift_closure_after on (does the router move off a
+degraded LLM, onto a new one, and where has it settled?).
 
-Metrics (pure functions below, tested on small arrays):
-  window_curve  mean reward in consecutive windows of `window` queries aligned at t (no window
-                straddles the event; an incomplete last window is dropped), per seed, then the mean
-                and 95% interval over seeds;
-  recovery      the router's mean reward over the `window` queries starting `after` queries past
-                t, as a fraction of the retrained router's mean reward over all queries from t on
-                (undefined, NaN, when that reference mean is <= 0).
-The summary also reports two after-the-fact choices, labelled so: the best single LLM and the best
-single-round router, each the one with the highest post-event mean over seeds.
+The metrics (window curves, recovery, gap closure), the summary, the table and the figure are in
+gp_jax/runs/studies/drift_report.py. The memory arms run with config.study.drift_online_parallel
+episodes in flight (a finished episode's rows reach every decision of a query started after it:
+with P in flight a query's first decision misses at most the P - 1 still running), and their
+online rows carry what a serving router's memory gets: with row layout 2 each call's credit of the
+scored (feedback) utility, recorded in the cell as online_row_utility.
 Cells are written atomically to <workdir>/<event>_seed<S>/cell.json; finished cells are skipped on
 rerun and training runs resume (as in gp_jax/runs/studies/runner.py). A workdir holding a cell
 without one of the current arms (written before the baseline arms existed) is refused with one
@@ -55,10 +53,10 @@ import numpy as np
 
 from gp_jax import config_lists
 from gp_jax import errors
-from gp_jax import stats
 from gp_jax.baselines import labels as labels_lib
 from gp_jax.baselines import multi_round
 from gp_jax.baselines import single_round
+from gp_jax.graph import features as features_lib
 from gp_jax.runs import evaluate as evaluation
 from gp_jax.runs import sweep as sweep_lib
 from gp_jax.runs import system as system_lib
@@ -79,57 +77,6 @@ BAND_ARMS = ("online", "retrained")    # arms whose 95% band the figure draws
 TITLE = "Drift: the pool changes during evaluation (online memory vs frozen vs retrained)"
 
 
-# ---- metrics ------------------------------------------------------------------------------------
-def window_means(rewards, t: int, window: int) -> tuple[np.ndarray, np.ndarray]:
-  """Per-window mean rewards of one stream.
-
-  Args:
-    rewards: [n] reward of each query, in stream order.
-    t: the event's position (0 <= t <= n).
-    window: queries per window (>= 1).
-  Returns:
-    offsets [W]: first position of each window relative to t (multiples of window, negative
-      before the event); means [W]. Windows are [t + o, t + o + window) and lie within [0, n).
-  """
-  r = np.asarray(rewards, float)
-  n = len(r)
-  if window < 1 or not 0 <= t <= n:
-    raise ValueError(f"need window >= 1 and 0 <= t <= n, got window={window}, t={t}, n={n}")
-  first = -(t // window)
-  last = (n - t) // window            # windows entirely after t: 0 .. last-1
-  offsets = np.arange(first, last) * window
-  means = np.array([r[t + o:t + o + window].mean() for o in offsets])
-  return offsets, means
-
-
-def window_curve(rewards_by_seed, t: int, window: int) -> dict:
-  """Mean and 95% interval over seeds of the per-window means (window_means).
-
-  Args:
-    rewards_by_seed: [S, n] rewards (one stream per seed, same t and n).
-  Returns:
-    dict(offsets [W], mean [W], half [W] (NaN for one seed), seeds S).
-  """
-  per_seed = [window_means(r, t, window) for r in rewards_by_seed]
-  offsets = per_seed[0][0]
-  table = np.stack([m for _, m in per_seed])          # [S, W]
-  ci = [stats.ci95(table[:, j]) for j in range(table.shape[1])]
-  return dict(offsets=offsets.tolist(), mean=[c[0] for c in ci], half=[c[1] for c in ci],
-              seeds=len(per_seed))
-
-
-def recovery(router, reference, t: int, after: int, window: int) -> float:
-  """The router's mean reward over queries [t + after, t + after + window) divided by the
-  reference's mean reward over [t, n); NaN when that reference mean is <= 0."""
-  r, ref = np.asarray(router, float), np.asarray(reference, float)
-  lo, hi = t + after, t + after + window
-  if after < 0 or window < 1 or hi > len(r) or len(ref) != len(r) or t >= len(r):
-    raise ValueError(f"recovery window [{lo}, {hi}) does not fit a stream of {len(r)} queries "
-                     f"with the event at {t}")
-  base = ref[t:].mean()
-  return float(r[lo:hi].mean() / base) if base > 0 else math.nan
-
-
 # ---- the study ----------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class Settings:
@@ -144,6 +91,9 @@ class Settings:
   events: tuple[str, ...]
   routers: tuple[str, ...]        # single-round routers (arms "router:<name>")
   recent_rows: int                # online_recent's window (rows)
+  closure_after: int = 50         # gap closure over [t + closure_after, + closure_len)
+  closure_len: int = 150
+  online_parallel: int = 4        # episodes in flight of the memory arms
 
 
 def settings(config) -> Settings:
@@ -163,7 +113,18 @@ def settings(config) -> Settings:
     single_round.make_router(r)
   out = Settings(str(s.drift_llm), str(s.drift_join_llm), int(s.drift_t), float(s.drift_delta),
                  float(s.drift_price_scale), int(s.drift_window), int(s.drift_recovery_after),
-                 events, routers, int(s.drift_recent_rows))
+                 events, routers, int(s.drift_recent_rows),
+                 int(s.get("drift_closure_after", 50)), int(s.get("drift_closure_len", 150)),
+                 int(s.get("drift_online_parallel", 4)))
+  if out.online_parallel < 1:
+    raise errors.ConfigError(f"config.study.drift_online_parallel={out.online_parallel} must be "
+                             ">= 1")
+  if (out.closure_after < 0 or out.closure_len < 1
+      or out.t + out.closure_after + out.closure_len > int(config.data.n_test)):
+    raise errors.ConfigError(
+        f"the gap-closure window [t + drift_closure_after, + drift_closure_len) = "
+        f"[{out.t + out.closure_after}, {out.t + out.closure_after + out.closure_len}) must fit "
+        f"the {int(config.data.n_test)} test queries (and drift_closure_len >= 1)")
   if out.recent_rows < 1:
     raise errors.ConfigError(f"config.study.drift_recent_rows={out.recent_rows} must be >= 1")
   n = int(config.data.n_test)
@@ -367,12 +328,17 @@ class DriftRunner:
     rewards.update(singles)
     states["optimum"] = optimum_states
     t = self.s.t
-    shares = {a: [llm_share(st, event_llm, 0, t), llm_share(st, event_llm, t, len(st))]
+    settled = t + self.s.closure_after   # shares: before, after, and from t + closure_after on
+    shares = {a: [llm_share(st, event_llm, 0, t), llm_share(st, event_llm, t, len(st)),
+                  llm_share(st, event_llm, settled, len(st))]
               for a, st in states.items()}
     return dict(study=STUDY, variant=kind, seed=seed, alpha=alpha, t=self.s.t,
                 window=self.s.window, recovery_after=self.s.recovery_after, eval_overrides=ev,
                 retrain_overrides=re, pre_event_overrides=pre, event_llm=event_llm,
                 event_llm_share=shares, recent_rows=self.s.recent_rows,
+                closure_after=self.s.closure_after, closure_len=self.s.closure_len,
+                online_parallel=self.s.online_parallel,
+                online_row_utility=features_lib.ROW_UTILITY[int(model.row_layout)],
                 llms=list(esys.space.llms), n_test=len(esys.test_queries),
                 online_history=hist is not None, rewards=rewards,
                 train=dict(episodes=int(tcfg.train.episodes),
@@ -391,7 +357,8 @@ class DriftRunner:
 
     def router(h, online=False, recent_rows=0):
       return evaluation.run_router(esys, env, model, params, h, esys.test_queries,
-                                   parallel=parallel, seed=seed, online=online,
+                                   parallel=self.s.online_parallel if online else parallel,
+                                   seed=seed, online=online,
                                    recent_rows=recent_rows)
 
     out = {"frozen": router(hist)}
@@ -428,178 +395,3 @@ class DriftRunner:
       out[f"single:{m}"] = per_query_rewards(esys, env, policies.run_policy(
           env, policies.single_llm_policy(esys.space, m), queries, seed=seed))
     return best, out
-
-
-# ---- report ---------------------------------------------------------------------------------------
-def is_drift_cell(cell: dict) -> bool:
-  return cell.get("study") == STUDY
-
-
-def _best_after(cs: list[dict], prefix: str, t: int) -> str | None:
-  """The arm named `prefix`... with the highest post-event mean over the cells (after the fact)."""
-  names = sorted(k for k in cs[0]["rewards"] if k.startswith(prefix))
-  return max(names, key=lambda k: np.mean([np.mean(c["rewards"][k][t:]) for c in cs]),
-             default=None)
-
-
-def summarize(cells: list[dict]) -> dict:
-  """Per event: per arm the window curve and the pre/post-event means (95% intervals over
-  seeds), and the recovery of every arm but the retrained router and the optimum. The arms are
-  ARMS and, chosen after the fact on the post-event mean (labelled so), the best single LLM and
-  the best single-round router; `best` names the arm behind each such label."""
-  check_arms(cells, "drift summary")
-  by_event: dict[str, list[dict]] = {}
-  for c in sorted(cells, key=lambda c: (c.get("index", 0), c["seed"])):
-    by_event.setdefault(c["variant"], []).append(c)
-  out = {}
-  for kind, cs in by_event.items():
-    t, w, after = cs[0]["t"], cs[0]["window"], cs[0]["recovery_after"]
-    if any((c["t"], c["window"], c["recovery_after"], c["n_test"]) != (t, w, after, cs[0]["n_test"])
-           or sorted(c["rewards"]) != sorted(cs[0]["rewards"]) for c in cs):
-      raise errors.DataError(f"drift cells of {kind} differ in t, window, stream length or arms")
-    best = {label: arm for label, arm in ((BEST_SINGLE, _best_after(cs, "single:", t)),
-                                          (BEST_ROUTER, _best_after(cs, ROUTER_PREFIX, t)))
-            if arm is not None}
-    ev = {}
-    for label in list(ARMS) + list(best):
-      r = [c["rewards"][best.get(label, label)] for c in cs]
-      ev[label] = dict(curve=window_curve(r, t, w), pre=stats.ci95([np.mean(x[:t]) for x in r]),
-                       post=stats.ci95([np.mean(x[t:]) for x in r]))
-      if label not in ("retrained", "optimum"):
-        ev[label]["recovery"] = stats.ci95([recovery(x, c["rewards"]["retrained"], t, after, w)
-                                      for x, c in zip(r, cs)])
-      if all(label in c.get("event_llm_share", {}) for c in cs):
-        ev[label]["share"] = [stats.ci95([c["event_llm_share"][label][j] for c in cs]) for j in (0, 1)]
-    out[kind] = dict(arms=ev, best=best, t=t, window=w, after=after,
-                     event_llm=cs[0].get("event_llm"), vs_frozen=vs_frozen(cs, t),
-                     seeds=sorted(c["seed"] for c in cs), n_test=cs[0]["n_test"],
-                     alpha=cs[0]["alpha"], overrides=cs[0]["eval_overrides"])
-  return out
-
-
-MEMORY_ARMS = ("online", "online_recent", "no_history")   # compared with frozen, paired per seed
-
-
-def vs_frozen(cells: list[dict], t: int) -> dict:
-  """Per memory arm, against the frozen router on the same seed's stream after the event: the
-  paired difference of the post-event means (95% interval over seeds) and the mean number of
-  post-event queries whose reward differs at all (the decisions the memory changed)."""
-  out = {}
-  for a in MEMORY_ARMS:
-    pairs = [(np.asarray(c["rewards"][a][t:], float), np.asarray(c["rewards"]["frozen"][t:], float))
-             for c in cells]
-    out[a] = dict(diff=stats.ci95([x.mean() - f.mean() for x, f in pairs]),
-                  changed=float(np.mean([int((np.abs(x - f) > 1e-12).sum()) for x, f in pairs])),
-                  queries=int(len(pairs[0][0])))
-  return out
-
-
-def _ci(c) -> str:
-  return f"{c[0]:.3f}" + (f" ± {c[1]:.3f}" if not math.isnan(c[1]) else " (1 seed)")
-
-
-def plot(summary: dict, path: pathlib.Path) -> None:
-  """One panel per event: windowed reward since the event per arm (95% bands of BAND_ARMS)."""
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  kinds = list(summary)
-  fig, axes = plt.subplots(1, len(kinds), figsize=(4.2 * len(kinds), 4.2), squeeze=False)
-  for ax, kind in zip(axes[0], kinds):
-    ev = summary[kind]
-    # The axis follows the means: with few seeds the t-intervals are far wider than the
-    # differences between arms; bands are drawn for BAND_ARMS only (the table has every one).
-    means = np.concatenate([np.asarray(d["curve"]["mean"], float) for d in ev["arms"].values()])
-    lo, hi = float(np.nanmin(means)), float(np.nanmax(means))
-    ax.set_ylim(lo - 0.15 * (hi - lo + 1e-3), hi + 0.15 * (hi - lo + 1e-3))
-    for a, d in ev["arms"].items():
-      x = np.asarray(d["curve"]["offsets"]) + ev["window"] / 2
-      m, h = np.asarray(d["curve"]["mean"]), np.asarray(d["curve"]["half"])
-      style = (dict(ls=":", color="k") if a == "optimum" else
-               dict(lw=2.2, zorder=5) if a == "online" else {})   # online on top of frozen
-      ax.plot(x, m, marker=".", label=a, **style)
-      if a in BAND_ARMS and not np.isnan(h).all():
-        ax.fill_between(x, m - h, m + h, alpha=0.12, color=ax.lines[-1].get_color())
-    ax.axvline(0, color="grey", lw=0.8)
-    chosen = ", ".join(v.split(":", 1)[1] for v in ev.get("best", {}).values())
-    ax.set_title(kind + (f"\n(best after the fact: {chosen})" if chosen else ""), fontsize=8)
-    ax.set_xlabel("queries since the event (window centres)")
-    ax.set_ylabel("expected reward")
-  handles, labels = axes[0][0].get_legend_handles_labels()
-  fig.legend(handles, labels, loc="lower center", ncol=5, fontsize=7, frameon=False)
-  fig.tight_layout(rect=(0, 0.14, 1, 1))
-  fig.savefig(path, dpi=110)
-  plt.close(fig)
-
-
-def markdown(cells: list[dict], figure: str | None, title: str | None = None) -> str:
-  summary = summarize(cells)
-  first = next(iter(summary.values()))
-  out = [f"## {title or TITLE}", "",
-         f"Alpha = {first['alpha']:g}; {first['n_test']} test queries per seed, the event at query "
-         f"{first['t']}; windows of {first['window']} queries; seeds {first['seeds']}. Mean and "
-         "95% t-interval over seeds of the mean expected reward per query. Recovery: the mean "
-         f"reward of queries [t + {first['after']}, t + {first['after'] + first['window']}) over "
-         "the retrained router's mean reward after the event. GraphPlanner's arms: online, frozen "
-         "and no-history memory; retrained on the changed pool (the reference). multi:router_r1 "
-         "(Router-R1-style) and multi:knn (KNN-multiround) are fitted on the pre-event pool, as "
-         "are the single-round routers; the best single LLM and the best single-round router are "
-         "chosen on their post-event reward (after the fact), the arm chosen in brackets. "
-         "In the figure the shaded bands are the 95% intervals of the online and retrained arms. "
-         "online_recent: online memory in a recency window (the newest rows only). Share: the "
-         "fraction of the arm's calls made with the event's LLM, before / after the event."]
-  if figure:
-    out += ["", f"![drift]({figure})"]
-  for kind, ev in summary.items():
-    out += ["", f"### {kind} ({', '.join(f'{k}={v}' for k, v in ev['overrides'].items())})", "",
-            f"| arm | before the event | after the event | recovery | share of calls on "
-            f"{ev['event_llm'] or 'the event LLM'} |", "|---|---|---|---|---|"]
-    for a, d in ev["arms"].items():
-      rec = _ci(d["recovery"]) if "recovery" in d else "-"
-      share = (" / ".join(f"{x[0]:.2f}" for x in d["share"]) if "share" in d else "-")
-      name = f"{a} [{ev['best'][a]}]" if a in ev["best"] else a
-      out.append(f"| {name} | {_ci(d['pre'])} | {_ci(d['post'])} | {rec} | {share} |")
-    out += ["", "Against the frozen router on the same stream after the event (paired per seed): "
-            "the difference of the post-event means, and the post-event queries (mean over seeds) "
-            "whose reward differs at all.", "",
-            "| arm | minus frozen | queries changed |", "|---|---|---|"]
-    for a, d in ev["vs_frozen"].items():
-      out.append(f"| {a} | {_ci(d['diff'])} | {d['changed']:.1f} of {d['queries']} |")
-  return "\n".join(out) + "\n"
-
-
-def load_cells(path: pathlib.Path) -> list[dict]:
-  """The finished cells of a drift workdir; DataError for a file that is not a drift cell or a
-  cell without one of ARMS (written before the baseline arms existed: rerun into a new workdir)."""
-  cells = [errors.read_json(f, "drift cell") for f in sorted(path.glob(f"*/{runner_lib.CELL_FILE}"))]
-  if any(not isinstance(c, dict) or not is_drift_cell(c) or "rewards" not in c for c in cells):
-    raise errors.DataError(f"{path}: a cell.json is not a drift study cell")
-  check_arms(cells, path)
-  return cells
-
-
-def check_arms(cells: list[dict], where) -> None:
-  """DataError for a cell without one of ARMS (written before the baseline arms existed)."""
-  for c in cells:
-    missing = missing_arms(c, ARMS)
-    if missing:
-      raise errors.DataError(
-          f"{where}: the {c.get('variant')} seed {c.get('seed')} drift cell has no "
-          f"{', '.join(missing)} arm (written by an older drift study); rerun the drift study "
-          "into a new workdir")
-
-
-def write_report(workdir, out=None) -> pathlib.Path:
-  """<workdir>/report.md and report.png (or `out` and its .png) from the finished cells."""
-  workdir = pathlib.Path(workdir)
-  cells = load_cells(workdir)
-  if not cells:
-    raise errors.DataError(f"{workdir}: no finished drift cells")
-  out = pathlib.Path(out) if out else workdir / "report.md"
-  png = out.with_suffix(".png")
-  plot(summarize(cells), png)
-  tmp = out.with_suffix(".tmp")
-  tmp.write_text(markdown(cells, png.name))
-  tmp.replace(out)
-  return out
-

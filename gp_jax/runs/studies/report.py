@@ -24,6 +24,7 @@ from gp_jax import files
 from gp_jax import stats
 from gp_jax.runs import sweep_report
 from gp_jax.runs.studies import drift
+from gp_jax.runs.studies import drift_report
 from gp_jax.runs.studies import runner as runner_lib
 
 OPTIMUM = "optimum (DP)"
@@ -247,12 +248,13 @@ def write_full_report(root: str | pathlib.Path, out: str | pathlib.Path) -> path
     if name == drift.STUDY or name.startswith(drift.STUDY + "_"):
       # per-query rewards around a pool event: its own summary (drift_<x>: another drift run,
       # e.g. with other model settings, titled with its folder name)
-      cells = drift.load_cells(d)
+      cells = drift_report.load_cells(d)
       if cells:
         png = out.with_name(f"{stem}_{name}.png")
-        drift.plot(drift.summarize(cells), png)
-        parts += ["", drift.markdown(cells, png.name,
-                                     title=None if name == drift.STUDY else f"{drift.TITLE} [{name}]")]
+        drift_report.plot(drift_report.summarize(cells), png)
+        parts += ["", drift_report.markdown(
+            cells, png.name,
+            title=None if name == drift.STUDY else f"{drift_report.TITLE} [{name}]")]
         found = True
       continue
     cells = load_study(d)

@@ -18,6 +18,7 @@ from gp_jax.baselines import labels as labels_lib
 from gp_jax.baselines import single_round
 from gp_jax.runs import system as system_lib
 from gp_jax.runs.studies import drift
+from gp_jax.runs.studies import drift_report
 from gp_jax.runs.studies import report as report_lib
 from gp_jax.workflow import mdp
 from gp_jax.workflow import roles as roles_lib
@@ -27,38 +28,49 @@ REPO = __import__("pathlib").Path(__file__).resolve().parents[3]
 
 def test_window_means_align_at_the_event():
   r = np.arange(10, dtype=float)          # reward of query i is i
-  offsets, means = drift.window_means(r, t=5, window=2)
+  offsets, means = drift_report.window_means(r, t=5, window=2)
   # windows [1,3) [3,5) before the event, [5,7) [7,9) after; [9,10) is incomplete: dropped.
   assert offsets.tolist() == [-4, -2, 0, 2]
   assert means.tolist() == [1.5, 3.5, 5.5, 7.5]
-  offsets, means = drift.window_means(r, t=0, window=3)
+  offsets, means = drift_report.window_means(r, t=0, window=3)
   assert offsets.tolist() == [0, 3, 6] and means.tolist() == [1.0, 4.0, 7.0]
   with pytest.raises(ValueError):
-    drift.window_means(r, t=11, window=2)
+    drift_report.window_means(r, t=11, window=2)
   with pytest.raises(ValueError):
-    drift.window_means(r, t=2, window=0)
+    drift_report.window_means(r, t=2, window=0)
 
 
 def test_window_curve_interval_over_seeds():
   a = np.array([0., 0., 1., 1.])
   b = np.array([0., 2., 1., 3.])
-  c = drift.window_curve([a, b], t=2, window=1)
+  c = drift_report.window_curve([a, b], t=2, window=1)
   assert c["offsets"] == [-2, -1, 0, 1] and c["seeds"] == 2
   assert c["mean"] == [0.0, 1.0, 1.0, 2.0]
   half = stats.t.ppf(0.975, 1) * np.std([0., 2.], ddof=1) / math.sqrt(2)
   assert c["half"][0] == 0.0 and c["half"][1] == pytest.approx(half)
-  one = drift.window_curve([a], t=2, window=2)
+  one = drift_report.window_curve([a], t=2, window=2)
   assert one["mean"] == [0.0, 1.0] and all(math.isnan(h) for h in one["half"])
 
 
 def test_recovery():
   ref = np.array([9., 9., 1., 1., 1., 1.])   # retrained: mean 1.0 after the event at t=2
   router = np.array([5., 5., 0., 0., .5, .9])
-  assert drift.recovery(router, ref, t=2, after=2, window=2) == pytest.approx(0.7)
-  assert drift.recovery(router, ref, t=2, after=0, window=1) == 0.0
-  assert math.isnan(drift.recovery(router, -ref, t=2, after=0, window=1))   # no positive reference
+  assert drift_report.recovery(router, ref, t=2, after=2, window=2) == pytest.approx(0.7)
+  assert drift_report.recovery(router, ref, t=2, after=0, window=1) == 0.0
+  assert math.isnan(drift_report.recovery(router, -ref, t=2, after=0, window=1))   # no positive reference
   with pytest.raises(ValueError, match="does not fit"):
-    drift.recovery(router, ref, t=2, after=3, window=2)
+    drift_report.recovery(router, ref, t=2, after=3, window=2)
+
+
+def test_gap_closure():
+  f, r = np.array([0.0, 0.2, 0.2, 0.2]), np.array([0.0, 0.6, 0.6, 0.6])
+  assert drift_report.gap_closure(np.array([0, 0.5, 0.4, 0.3]), f, r, 1, 4) == pytest.approx(0.5)
+  assert math.isnan(drift_report.gap_closure(f, f, f, 1, 4))     # retraining gains nothing
+  with pytest.raises(ValueError, match="does not fit"):
+    drift_report.gap_closure(f, f, r, 2, 5)
+  c = drift_report.closure_over_seeds([r, f], [f, f], [r, f], 1, 4)
+  assert c["per_seed"][0] == 1.0 and math.isnan(c["per_seed"][1]) and c["undefined"] == 1
+  assert c["mean"] == 1.0 and math.isnan(c["half"])
 
 
 def _cell(kind, seed, shift, old=False):
@@ -73,7 +85,9 @@ def _cell(kind, seed, shift, old=False):
     rewards.update({"multi:router_r1": base - 0.5 * after, "multi:knn": np.full(n, 0.2),
                     "router:best_single": np.full(n, 0.3), "router:knn": base - 0.1 * after,
                     "online_recent": base - 0.15 * after})
-    extra = dict(event_llm="a", event_llm_share={
+    extra = dict(closure_after=1, closure_len=3, online_parallel=2,
+                 online_row_utility="per-call credit of the scored utility",
+                 event_llm="a", event_llm_share={
         a: [0.5, 0.1 + seed * 0.2] for a in ("online", "online_recent", "frozen", "no_history",
                                              "retrained", "optimum")})
   return dict(study="drift", variant=kind, seed=seed, alpha=0.5, t=t, window=2, recovery_after=2,
@@ -90,9 +104,9 @@ def _write(root, cells):
 
 def test_summary_and_report(tmp_path):
   cells = [_cell("fail", 0, 0.1), _cell("fail", 1, 0.3)]
-  s = drift.summarize(cells)["fail"]
-  assert s["best"] == {drift.BEST_SINGLE: "single:b", drift.BEST_ROUTER: "router:knn"}
-  assert set(s["arms"]) == set(drift.ARMS) | {drift.BEST_SINGLE, drift.BEST_ROUTER}
+  s = drift_report.summarize(cells)["fail"]
+  assert s["best"] == {drift_report.BEST_SINGLE: "single:b", drift_report.BEST_ROUTER: "router:knn"}
+  assert set(s["arms"]) == set(drift.ARMS) | {drift_report.BEST_SINGLE, drift_report.BEST_ROUTER}
   online = s["arms"]["online"]
   assert online["pre"][0] == pytest.approx(0.5) and online["post"][0] == pytest.approx(0.3)
   assert online["recovery"][0] == pytest.approx(np.mean([0.4 / 0.4, 0.2 / 0.4]))
@@ -101,16 +115,22 @@ def test_summary_and_report(tmp_path):
   assert r1["curve"]["mean"] == pytest.approx([0.5, 0.5, 0.0, 0.0])
   assert r1["post"][0] == pytest.approx(0.0) and r1["recovery"][0] == pytest.approx(0.0)
   assert s["arms"]["multi:knn"]["recovery"][0] == pytest.approx(0.5)
-  assert s["arms"][drift.BEST_ROUTER]["post"][0] == pytest.approx(0.4)
-  assert s["arms"][drift.BEST_SINGLE]["recovery"][0] == pytest.approx(0.75)
+  assert s["arms"][drift_report.BEST_ROUTER]["post"][0] == pytest.approx(0.4)
+  assert s["arms"][drift_report.BEST_SINGLE]["recovery"][0] == pytest.approx(0.75)
   assert "recovery" not in s["arms"]["optimum"] and "recovery" not in s["arms"]["retrained"]
   assert s["arms"]["online"]["share"][1][0] == pytest.approx(0.2)   # mean over the two seeds
+  # gap closure over [5, 8): frozen 0.3, retrained 0.4; online 0.4 and 0.2 on the two seeds
+  clo = s["arms"]["online"]["closure"]
+  assert clo["per_seed"] == pytest.approx([1.0, -1.0]) and clo["mean"] == pytest.approx(0.0)
+  assert (clo["lo"], clo["hi"]) == (5, 8) and clo["undefined"] == 0
+  assert s["arms"]["no_history"]["closure"]["mean"] == pytest.approx(-1.0)
+  assert "closure" not in s["arms"]["frozen"] and "closure" not in s["arms"]["optimum"]
   vs = s["vs_frozen"]      # online = frozen - (shift - 0.2) after t: 0.1 and -0.1 on the two seeds
   assert vs["online"]["diff"][0] == pytest.approx(0.0) and vs["online"]["changed"] == 4.0
   assert vs["no_history"]["diff"][0] == pytest.approx(-0.1) and vs["no_history"]["queries"] == 4
   assert "share" not in s["arms"]["multi:knn"] and s["event_llm"] == "a"
   _write(tmp_path, cells)
-  out = drift.write_report(tmp_path)
+  out = drift_report.write_report(tmp_path)
   text = out.read_text()
   assert "| share of calls on a |" in text and "| 0.50 / 0.20 |" in text
   assert "| no_history | -0.100 ± 0.000 | 4.0 of 4 |" in text
@@ -121,18 +141,18 @@ def test_summary_and_report(tmp_path):
   (tmp_path / "bad").mkdir()
   (tmp_path / "bad" / "cell.json").write_text(json.dumps({"variant": "x"}))
   with pytest.raises(errors.DataError, match="not a drift study cell"):
-    drift.load_cells(tmp_path)
+    drift_report.load_cells(tmp_path)
 
 
 def test_the_combined_report_has_the_drift_section(tmp_path):
   _write(tmp_path / "studies" / "drift", [_cell("fail", 0, 0.1), _cell("fail", 1, 0.3)])
   out = report_lib.write_full_report(tmp_path, tmp_path / "report.md")
   text = out.read_text()
-  assert f"## {drift.TITLE}" in text and "| multi:knn | 0.200 ± 0.000 | 0.200 ± 0.000 |" in text
+  assert f"## {drift_report.TITLE}" in text and "| multi:knn | 0.200 ± 0.000 | 0.200 ± 0.000 |" in text
   assert (tmp_path / "report_drift.png").stat().st_size > 1000
   _write(tmp_path / "studies" / "drift_retrieval", [_cell("fail", 0, 0.2)])   # a second drift run
   text = report_lib.write_full_report(tmp_path, tmp_path / "report.md").read_text()
-  assert f"## {drift.TITLE} [drift_retrieval]" in text and f"## {drift.TITLE}\n" in text
+  assert f"## {drift_report.TITLE} [drift_retrieval]" in text and f"## {drift_report.TITLE}\n" in text
   assert (tmp_path / "report_drift_retrieval.png").stat().st_size > 1000
 
 
@@ -141,7 +161,7 @@ def test_cells_without_the_baseline_arms_are_refused(tmp_path):
   the summary and a rerun of the study refuse them, the rerun before anything is written."""
   old = tmp_path / "old"
   _write(old, [_cell("fail", 0, 0.1, old=True), _cell("fail", 1, 0.3)])
-  for call in (lambda: drift.load_cells(old), lambda: drift.summarize([_cell("fail", 0, 0, True)])):
+  for call in (lambda: drift_report.load_cells(old), lambda: drift_report.summarize([_cell("fail", 0, 0, True)])):
     with pytest.raises(errors.DataError, match="no online_recent, multi:router_r1, multi:knn arm"):
       call()
   c = study_config.get_config("test")
@@ -185,6 +205,7 @@ def _tiny_config(events: str):
   c.data.n_test = 12
   c.study.drift_events = events
   c.study.drift_t, c.study.drift_window, c.study.drift_recovery_after = 4, 2, 4
+  c.study.drift_closure_after, c.study.drift_closure_len = 2, 6
   c.study.drift_r1_episodes = 16
   c.study.drift_routers = "best_single,knn"
   return c
@@ -216,8 +237,10 @@ def test_tiny_study_every_arm_a_failing_llm_and_resume(tmp_path, capsys):
     r = {k: np.asarray(v) for k, v in cell["rewards"].items()}
     assert set(drift.arms(s)) <= set(r) and all(len(v) == 12 for v in r.values())
     assert {k for k in r if k.startswith("single:")} == {f"single:{m}" for m in cell["llms"]}
+    assert cell["online_parallel"] == 4 and (cell["closure_after"], cell["closure_len"]) == (2, 6)
+    assert cell["online_row_utility"] == "per-call credit of the scored utility"   # layout 2
     for name, v in r.items():
-      gap = drift.window_means(r["optimum"], 4, 2)[1] - drift.window_means(v, 4, 2)[1]
+      gap = drift_report.window_means(r["optimum"], 4, 2)[1] - drift_report.window_means(v, 4, 2)[1]
       assert gap.min() >= -1e-6, (kind, name, gap)
     if kind == "fail":
       for name in ("router:best_single", f"single:{c.study.drift_llm}"):
@@ -225,6 +248,7 @@ def test_tiny_study_every_arm_a_failing_llm_and_resume(tmp_path, capsys):
       assert r["optimum"][4:].mean() > 0.05
       # the optimum never calls the failed LLM after t
       assert cell["event_llm_share"]["optimum"][1] == 0.0
+      assert cell["event_llm_share"]["optimum"][2] == 0.0 and len(cell["event_llm_share"]["online"]) == 3
     else:   # the join LLM is in the configured pool: the router meeting it was trained without it
       join = c.study.drift_join_llm
       assert join in cell["llms"] and len(cell["llms"]) == 3 and cell["event_llm"] == join
@@ -234,17 +258,24 @@ def test_tiny_study_every_arm_a_failing_llm_and_resume(tmp_path, capsys):
                              "optimum"}
       assert all(v[0] == 0.0 for v in shares.values())   # masked before the event
       assert shares["optimum"][1] > 0.0
-  summary = drift.summarize(drift.load_cells(work))
-  assert set(summary["fail"]["arms"]) == set(drift.ARMS) | {drift.BEST_SINGLE, drift.BEST_ROUTER}
+  summary = drift_report.summarize(drift_report.load_cells(work))
+  assert set(summary["fail"]["arms"]) == set(drift.ARMS) | {drift_report.BEST_SINGLE, drift_report.BEST_ROUTER}
   assert "multi:knn" in capsys.readouterr().err
   again = drift.DriftRunner(c, work, verbose=False).run([0])
   assert again["ran"] == [] and len(again["skipped"]) == 2
-  assert "| share of calls on" in drift.markdown(drift.load_cells(work), None)
+  text = drift_report.markdown(drift_report.load_cells(work), None)
+  assert "| share of calls on" in text and "Gap closure (arm - frozen)" in text
+  assert "online rows: per-call credit of the scored utility" in text
 def test_settings_validate():
   c = study_config.get_config("test")
   s = drift.settings(c)
   assert s.events == drift.EVENTS and s.t == 8 and s.routers == ("best_single", "knn", "mlp")
   assert drift.arms(s)[-3:] == ("router:best_single", "router:knn", "router:mlp")
+  for bad in (dict(drift_closure_len=0), dict(drift_closure_after=20), dict(drift_online_parallel=0)):
+    b = study_config.get_config("test")
+    b.study.update(bad)
+    with pytest.raises(errors.ConfigError):
+      drift.settings(b)
   kw = drift.multi_kwargs(c)
   assert (kw["r1_episodes"], kw["r1_batch"], kw["knn_k"]) == (32, 16, 10)
   assert kw["r1_ppo"].clip_eps == c.ppo.clip_eps and kw["r1_ppo"].learning_rate == 1e-3

@@ -1,0 +1,53 @@
+"""Row layout 2 through a rollout and the update: every decision's hub statistics are stored in
+its observation, so the update recomputes exactly the log-probabilities the decisions had; the
+statistics follow the history as episodes join it."""
+import asyncio
+
+import jax
+import numpy as np
+
+from experiments.configs import test as test_config
+from gp_jax.graph import history as history_lib
+from gp_jax.rl import batch as batch_lib
+from gp_jax.rl import loop as loop_lib
+from gp_jax.rl import ppo
+from gp_jax.rl import rollout
+from gp_jax.runs import ppo_config
+from gp_jax.runs import system as system_lib
+from gp_jax.runs import train as training
+
+
+def test_update_sees_the_statistics_each_decision_read():
+  cfg = test_config.get_config()
+  assert training.row_layout(cfg) == 2
+  sysm = system_lib.build(cfg)
+  feat = sysm.featurizer
+  model = training.make_model(cfg, feat.spec)
+  params = loop_lib.init_state(model, feat, ppo_config.make_optimizer(cfg), 0).params
+  A = sysm.space.size
+  rng = np.random.default_rng(0)
+  history = history_lib.HistoryMemory(feat.spec.row_dim, A, capacity=10_000)
+  rows = rng.normal(size=(60, feat.spec.row_dim)).astype(np.float32)
+  rows[:, -1] = rng.uniform(size=60) < 0.5
+  history.add(rows, rng.integers(0, A, 60))
+  runner = rollout.PolicyRunner(model, feat.hub_features, 4, featurizer=feat)
+  runner.set_params(params, history)
+  env = sysm.env(cfg.alpha, reward="auto")
+  eps = asyncio.run(rollout.run_episodes(
+      env, feat, runner, sysm.train_queries[:12], key=jax.random.PRNGKey(1), greedy=False,
+      history=history, grow_history=True, seed_salt=("t", 0)))
+  tables = [o["hub_stats"] for e in eps for o in e.obs]
+  assert len({t.tobytes() for t in tables}) > 1            # the statistics moved as episodes joined
+  np.testing.assert_allclose(runner.stats_table(), history_lib.HubStats.of(
+      history.rows, history.hubs, A).table(), rtol=1e-5, atol=1e-6)
+  assert len(history) > 60
+  n = sum(len(e.actions) for e in eps)
+  size = -(-n // 8) * 8
+  batch, hist = batch_lib.build_batch(eps, history, batch_size=size, num_episodes=len(eps),
+                                      max_calls=ppo_config.max_calls(sysm), num_hubs=A)
+  logits, _ = ppo.forward_batch(model, params, feat.hub_features, hist, batch.transitions,
+                                size + 1)
+  logp = jax.nn.log_softmax(logits)
+  tr = batch.transitions
+  got = np.take_along_axis(np.asarray(logp), tr["actions"][:, None], 1)[:n, 0]
+  np.testing.assert_allclose(got, tr["old_logp"][:n], atol=2e-4)
