@@ -15,6 +15,9 @@
                              1000): page by passing the response's `last` as the next `after`.
                              `since=T` (created after unix time T) is kept, but not for paging
   GET  /v1/memory            the history memory: rows, capacity, rows per (role, LLM) hub
+  GET  /v1/router/versions   a learning server's (--learn) accepted router versions with their
+                             provenance, the serving one and recent rejections (admin)
+  POST /v1/router/rollback   {"version": id}: serve that accepted version again (admin)
   GET  /health               liveness and counters
   GET  /metrics              Prometheus text format (metrics.py)
 
@@ -352,7 +355,7 @@ def _extension(record: dict) -> dict:
                               "cost_usd", "latency_s", "error")} for c in record["calls"]]
   return dict(route=route, cost_usd=record["cost_usd"], task=record["task"],
               history_rows=record["history_rows"], alpha=record["alpha"],
-              timing=record["timing"])
+              timing=record["timing"], version=record.get("router_version"))
 
 
 def _headers(record: dict) -> dict:
@@ -640,6 +643,19 @@ async def memory(request: web.Request) -> web.Response:
   return web.json_response(_no_paths(request.app[SESSION_KEY].memory_info()))
 
 
+async def router_versions(request: web.Request) -> web.Response:
+  return web.json_response(request.app[SESSION_KEY].router_versions())
+
+
+async def rollback(request: web.Request) -> web.Response:
+  body = await _json_body(request)
+  version = body.get("version")
+  if not isinstance(version, str) or not version or set(body) - {"version"}:
+    raise RequestError(400, 'the body must be {"version": "<a version id of '
+                       '/v1/router/versions>"}', "invalid_parameter", "version")
+  return web.json_response(await request.app[SESSION_KEY].rollback(version))
+
+
 async def health(request: web.Request) -> web.Response:
   if request.get(PRINCIPAL) is None:   # no valid key (keys are set): liveness only
     return web.json_response({"status": "ok"})
@@ -687,6 +703,8 @@ def make_app(session: session_lib.RouterSession, *, max_body_bytes: int = 1 << 2
   app.router.add_post("/v1/feedback", feedback)
   app.router.add_get("/v1/routes", routes)
   app.router.add_get("/v1/memory", memory)
+  app.router.add_get("/v1/router/versions", router_versions)
+  app.router.add_post("/v1/router/rollback", rollback)
   app.router.add_get("/health", health)
   app.router.add_get("/metrics", prometheus)
 

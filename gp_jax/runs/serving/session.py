@@ -46,6 +46,8 @@ import types
 import uuid
 from typing import Callable
 
+import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -59,8 +61,10 @@ from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
 from gp_jax.runs.serving import conversation as conversation_lib
 from gp_jax.runs.serving import memory as memory_lib
+from gp_jax.runs.serving import online
 from gp_jax.runs.serving import store
 from gp_jax.runs.serving import store_api
+from gp_jax.runs.serving import versions as versions_lib
 from gp_jax.sim import simulator as sim
 from gp_jax.types import Query
 from gp_jax.util import aio
@@ -209,13 +213,16 @@ class RouterSession:
     sync_interval_s: how often feedback other replicas added is applied (shared stores).
     default_task: task family of requests without a task hint (None: the backend's default).
     pool: an LLM pool to use instead of the configured backend (tests).
+    learn: learn while serving (online.LearnSettings; None: frozen weights).
+    versions_dir: where a learning server keeps its router versions (versions.VersionStore).
   """
 
   def __init__(self, config, workdir, *, max_concurrency: int = 64, memory_path=None,
                route_log=None, store_config: store.StoreConfig | None = None,
                max_key_share: float | None = 0.25, sync_interval_s: float = 1.0,
                default_task: str | None = None, pool: base.LLMPool | None = None,
-               max_queue: int | None = None):
+               max_queue: int | None = None, learn: online.LearnSettings | None = None,
+               versions_dir=None):
     if max_concurrency < 1:
       raise errors.ConfigError(f"--max_concurrency must be >= 1, got {max_concurrency}")
     if not sync_interval_s > 0:
@@ -247,6 +254,7 @@ class RouterSession:
       # appended rows' bytes per appended row, and a restart replays at most a quarter of it.
       self.compact_rows = max(4096, self.history.capacity // 4)
       self._start_policy(max_concurrency)
+      self._start_learner(config, learn, versions_dir)
       if restored is None:   # the store holds the memory from the start (the checkpoint's)
         self.store.write_base(*self._snapshot())
     except BaseException:
@@ -293,6 +301,7 @@ class RouterSession:
     self.runner.set_params(self.params, self.history if self.reads_memory else None)
     self.max_concurrency = max_concurrency
     buckets = tuple(b for b in BATCH_BUCKETS if b < max_concurrency) + (max_concurrency,)
+    self._buckets = buckets
     # One worker thread for the router's compute (policy calls, text encoding): off the event
     # loop, one at a time (JAX uses its own threads within a call).
     self._compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="router-compute")
@@ -307,6 +316,45 @@ class RouterSession:
     self.batcher.warm_up(self.featurizer.observe(
         state, t_emb, q_emb, np.zeros((0, self.featurizer.spec.row_dim), np.float32),
         self.env.mask(state)), q_emb)
+
+  def _start_learner(self, config, learn: online.LearnSettings | None, versions_dir) -> None:
+    """A learning server's learner, its version store (resuming the serving version) and the
+    sampled decisions of its exploring requests."""
+    self.learner: online.OnlineLearner | None = None
+    self.router_version: str | None = None
+    self._trajectories: collections.OrderedDict[str, rollout.Episode] = collections.OrderedDict()
+    if learn is None:
+      return
+    if versions_dir is None:
+      raise errors.ConfigError("--learn keeps router versions next to the memory: give a "
+                               "--memory_path (not 'none')")
+    store = versions_lib.VersionStore(versions_dir, row_dim=self.featurizer.spec.row_dim,
+                                      num_hubs=self.space.size)
+    self.learner = online.OnlineLearner(
+        learn, config=config, system=self.system, model=self.model, params=self.params,
+        history=lambda: self.history if self.reads_memory else None, versions=store,
+        swap=self._swap)
+    self.router_version = self.learner.version
+    if self.learner.version != "v0":   # a restart resumes the serving version
+      self._swap(self.learner.params, self.learner.version)
+    self.sampler = decisions.DecisionBatcher(
+        self.runner, self._buckets, key=jax.random.PRNGKey(learn.seed), greedy=False,
+        executor=self._compute, prepare=self._with_retrieval if self._index is not None else None)
+
+  def _swap(self, params, version: str) -> None:
+    """New weights for the decisions (on the event loop, between batched policy calls: each
+    call copies its inputs on the loop): the per-hub sums recomputed over the memory."""
+    params = jax.tree_util.tree_map(jnp.asarray, params)
+    self.params = params
+    self.runner.set_params(params, self.history if self.reads_memory else None)
+    self.memory.attach(self.runner, params, on_evict=self._reset_index)
+    self.router_version = version
+    self.counters["swaps"] += 1
+
+  def explores(self, rid: str) -> bool:
+    """Whether request `rid` samples its decisions (a learning server's exploring share)."""
+    share = self.learner.settings.explore if self.learner is not None else 0.0
+    return share > 0 and rollout.episode_seed("explore", rid) < share * 2 ** 32
 
   # ---- queries ---------------------------------------------------------------------------------
   def describe(self, q: Query) -> tuple[str, str]:
@@ -422,12 +470,23 @@ class RouterSession:
     decisions = 0
     finish = None
     calling = False
+    version = self.router_version
+    explore = self.explores(rid)
+    batcher = self.sampler if explore else self.batcher
+    episode = (rollout.Episode(q, state, seed, t_emb, q_emb, rows) if self.learner is not None
+               else None)
     try:
       while not state.done:
         obs, dt = await self._off_loop(self.featurizer.observe, state, t_emb, q_emb, rows,
                                        self.env.mask(state))
         compute_s += dt
-        decision = await self.batcher.decide(obs, extra=q_emb)
+        ids = (rollout.episode_seed("decision", rid, decisions),) if explore else (0,)
+        decision = await batcher.decide(obs, ids=ids, extra=q_emb)
+        if episode is not None:   # what the policy saw and chose (a rollout's episode)
+          episode.obs.append(obs)
+          episode.actions.append(decision.action)
+          episode.logp.append(decision.logp)
+          episode.values.append(decision.value)
         action, policy_s = decision.action, decision.seconds
         compute_s += policy_s
         decisions += 1
@@ -440,6 +499,8 @@ class RouterSession:
                                   on_delta=on_delta if final else None)
         calling = False
         backbone_s += time.perf_counter() - t1
+        if episode is not None:
+          episode.rewards.append(res.reward)   # -alpha x cost; the feedback score joins it
         finish = res.finish_reason if final else finish
         new_rows, dt = await self._off_loop(self.featurizer.memory_rows, [res.call], None)
         rows = np.concatenate([rows, new_rows])
@@ -459,12 +520,17 @@ class RouterSession:
                   key=key, task=task, query=q.query, answer=state.final_answer, calls=calls,
                   usage=_usage(calls), cost_usd=sum(c["cost_usd"] for c in calls),
                   history_rows=history_rows, finish_reason=_finish(finish),
-                  request_id=request_id,
+                  request_id=request_id, router_version=version, explored=explore,
                   timing=dict(total_s=total_s, backbone_s=backbone_s,
                               router_s=max(0.0, total_s - backbone_s), compute_s=compute_s,
                               decisions=decisions))
     await self.log_route(record)
     self.counters["served"] += 1
+    if episode is not None:
+      self._trajectories[rid] = episode
+      while len(self._trajectories) > self.learner.settings.keep_trajectories:
+        self._trajectories.popitem(last=False)
+        self.counters["trajectories_dropped"] += 1
     return Served(state.final_answer, record)
 
   def _log_cancelled(self, rid: str, request_id: str | None, calls: list[dict],
@@ -627,6 +693,12 @@ class RouterSession:
       self._claimed.discard(rid)
     self.counters["feedback"] += 1
     self._maybe_compact()
+    if self.learner is not None:
+      episode = self._trajectories.pop(rid, None)
+      if episode is not None:
+        self.learner.add(rid, key, float(score), episode)
+      else:   # a pass-through call, or served before a restart or long ago
+        self.counters["feedback_not_learned"] += 1
     out = self.memory.result(rid) or dict(rows_added=len(rows), rows_evicted=0)
     return dict(id=rid, score=float(score), rows_added=out["rows_added"],
                 rows_evicted=out["rows_evicted"], memory_rows=len(self.history), seq=fb.seq)
@@ -689,10 +761,36 @@ class RouterSession:
                                mean_batch=b.decisions / b.calls if b.calls else 0.0,
                                policy_s=b.act_s),
                 memory=dict((k, v) for k, v in self.memory_info().items()
-                            if k not in ("per_hub", "per_key")))
+                            if k not in ("per_hub", "per_key")),
+                router=(self.learner.info() if self.learner is not None
+                        else dict(version=None, learning=False)))
+
+  def router_versions(self) -> dict:
+    """The accepted versions (a learning server), the serving one and the recent rejections."""
+    if self.learner is None:
+      raise RequestError(404, "this server does not learn (start it with --learn)",
+                         "learning_disabled")
+    return dict(object="list", data=self.learner.versions.versions(),
+                serving=self.learner.version, rejected=list(self.learner.rejections))
+
+  async def rollback(self, version: str) -> dict:
+    """Serves accepted version `version` again. Raises RequestError 404 (unknown version, or
+    a server that does not learn)."""
+    if self.learner is None:
+      raise RequestError(404, "this server does not learn (start it with --learn)",
+                         "learning_disabled")
+    try:
+      record = await self.learner.rollback(version)
+    except KeyError:
+      raise RequestError(404, f"no router version {version!r}", "unknown_version",
+                         "version") from None
+    return dict(record, serving=version)
 
   async def aclose(self) -> None:
     await self.batcher.aclose()
+    if self.learner is not None:
+      await self.sampler.aclose()
+      await self.learner.aclose()
     await aio.cancel_and_wait(self._sync_task)
     try:
       if self._compacting is not None:
