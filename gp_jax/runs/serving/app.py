@@ -29,7 +29,9 @@ route (one entry per LLM call: step, role, llm, node, input/output tokens, cost_
 error), `cost_usd` (the sum over the route), `history_rows` (history memory rows the decisions
 read), `task` and `timing` (seconds: total_s; backbone_s awaiting LLM calls; router_s = total_s -
 backbone_s, the router's overhead including waiting for the event loop; compute_s, the router's
-own work: features, its share of the batched policy calls; decisions); the `x-gp-route` header gives the
+own work: features, its share of the batched policy calls; decisions), `version` (the router
+version that decided, on a learning server; None otherwise) and `explored` (its decisions were
+sampled, a learning server's exploring share); the `x-gp-route` header gives the
 route compactly ("role:llm,role:llm,...") and `x-gp-cost-usd` the total $ cost (not on streams,
 whose headers go out first). `usage` sums the tokens of every call. Every response carries
 `x-request-id` (the client's when safe, else a new one).
@@ -355,7 +357,8 @@ def _extension(record: dict) -> dict:
                               "cost_usd", "latency_s", "error")} for c in record["calls"]]
   return dict(route=route, cost_usd=record["cost_usd"], task=record["task"],
               history_rows=record["history_rows"], alpha=record["alpha"],
-              timing=record["timing"], version=record.get("router_version"))
+              timing=record["timing"], version=record.get("router_version"),
+              explored=record.get("explored", False))
 
 
 def _headers(record: dict) -> dict:

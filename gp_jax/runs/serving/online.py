@@ -298,27 +298,40 @@ class OnlineLearner:
     new, metrics = self.update(start, self.hub_features, hist, batch)
     new = jax.device_get(new)
     self.counters["updates"] += 1
-    obs, weights = batch.transitions["obs"], batch.transitions["weights"]
-    kl = policy_kl(self._logits(old.params, obs, view), self._logits(new.params, obs, view),
-                   obs["mask"], weights)
     feedback = [dict(id=p.rid, key=p.key, score=p.score) for p in chosen]
-    base = dict(parent=self.version, feedback=feedback, kl=kl,
-                update_step=int(new.update_step),
+    base = dict(parent=self.version, feedback=feedback, update_step=int(new.update_step),
                 update=dict({k: float(v) for k, v in jax.device_get(metrics).items()},
                             seconds=time.perf_counter() - t0))
-    if kl > s.max_kl:
-      return self._reject("kl", base, f"KL {kl:.4g} > max_kl {s.max_kl:g}")
-    serving, candidate = self.canary(old.params, view), self.canary(new.params, view)
-    base["canary"] = dict(parent=serving, candidate=candidate, queries=len(self.canary_queries))
-    if candidate < serving - s.canary_margin:
-      return self._reject("canary", base, f"canary reward {candidate:.4f} < serving "
-                          f"{serving:.4f} - margin {s.canary_margin:g}")
+    verdict = self.judge(old.params, new.params, batch.transitions["obs"],
+                         batch.transitions["weights"], view)
+    base.update(kl=verdict["kl"], canary=verdict["canary"])
+    if verdict["reason"] is not None:
+      return self._reject(verdict["reason"], base, verdict["why"])
+    kl, canary = verdict["kl"], verdict["canary"]
     version = self.versions.next_id()
     self.counters["accepted"] += 1
     record = self.versions.add(new, dict(base, version=version), self._learner_state())
     _log.info("router version %s accepted (parent %s, %d feedbacks, KL %.4g, canary %.4f vs "
-              "%.4f)", version, self.version, len(chosen), kl, candidate, serving)
+              "%.4f)", version, self.version, len(chosen), kl, canary["candidate"],
+              canary["parent"])
     return dict(accepted=True, version=version, state=new, record=record)
+
+  def judge(self, serving, candidate, obs: dict, weights: np.ndarray, view) -> dict:
+    """The KL and canary guards on `candidate` against the `serving` weights: {kl, canary
+    (parent and candidate rewards; None when the KL guard already refused), reason (None: the
+    candidate may serve; "kl" or "canary"), why}. obs, weights: the update's decisions."""
+    s = self.settings
+    kl = policy_kl(self._logits(serving, obs, view), self._logits(candidate, obs, view),
+                   obs["mask"], weights)
+    out = dict(kl=kl, canary=None, reason=None, why="")
+    if kl > s.max_kl:
+      return dict(out, reason="kl", why=f"KL {kl:.4g} > max_kl {s.max_kl:g}")
+    old, new = self.canary(serving, view), self.canary(candidate, view)
+    out["canary"] = dict(parent=old, candidate=new, queries=len(self.canary_queries))
+    if new < old - s.canary_margin:
+      return dict(out, reason="canary", why=f"canary reward {new:.4f} < serving {old:.4f} - "
+                  f"margin {s.canary_margin:g}")
+    return out
 
   def _reject(self, reason: str, base: dict, why: str) -> dict:
     self.counters[f"rejected_{reason}"] += 1

@@ -230,6 +230,7 @@ class RouterSession:
     if max_queue is not None and max_queue < 0:
       raise errors.ConfigError(f"--max_queue must be >= 0, got {max_queue}")
     self.max_queue = 4 * max_concurrency if max_queue is None else int(max_queue)
+    self.counters = collections.Counter()
     training.enable_compile_cache(config.get("compile_cache", ""))
     self.workdir = pathlib.Path(workdir)
     self.sync_interval_s = float(sync_interval_s)
@@ -268,7 +269,6 @@ class RouterSession:
     self.in_flight = 0
     self.waiting = 0               # admitted requests waiting for a workflow slot
     self._held_s = 1.0             # running mean of how long a request holds its slot (Retry-After)
-    self.counters = collections.Counter()
 
   def _load_router(self, config, pool: base.LLMPool | None, default_task: str | None) -> None:
     """The system of the recorded config, the trained router of self.workdir, the task
