@@ -471,22 +471,13 @@ class RouterSession:
     finish = None
     calling = False
     version = self.router_version
-    explore = self.explores(rid)
-    batcher = self.sampler if explore else self.batcher
-    episode = (rollout.Episode(q, state, seed, t_emb, q_emb, rows) if self.learner is not None
-               else None)
+    episode = rollout.Episode(q, state, seed, t_emb, q_emb, rows) if self.learner else None
     try:
       while not state.done:
         obs, dt = await self._off_loop(self.featurizer.observe, state, t_emb, q_emb, rows,
                                        self.env.mask(state))
         compute_s += dt
-        ids = (rollout.episode_seed("decision", rid, decisions),) if explore else (0,)
-        decision = await batcher.decide(obs, ids=ids, extra=q_emb)
-        if episode is not None:   # what the policy saw and chose (a rollout's episode)
-          episode.obs.append(obs)
-          episode.actions.append(decision.action)
-          episode.logp.append(decision.logp)
-          episode.values.append(decision.value)
+        decision = await self._decide(obs, rid, decisions, q_emb, episode)
         action, policy_s = decision.action, decision.seconds
         compute_s += policy_s
         decisions += 1
@@ -510,28 +501,50 @@ class RouterSession:
       raise
     calls = [_call_record(c) for c in state.calls]
     total_s = time.perf_counter() - t0
-    failed = [c["error"] for c in calls if c["error"]]
-    if state.final_answer is None or (calls and calls[-1]["error"]):
-      self.counters["unservable"] += 1
-      kinds = ", ".join(sorted(set(failed))) or "no final answer within the step cap"
-      raise RequestError(502, f"the workflow produced no answer: {len(failed)} of {len(calls)} "
-                         f"backbone calls failed ({kinds})", "backbone_error")
+    self._check_answered(state, calls)
     record = dict(type="route", id=rid, created=created, model=ROUTER_MODEL, alpha=self.alpha,
                   key=key, task=task, query=q.query, answer=state.final_answer, calls=calls,
                   usage=_usage(calls), cost_usd=sum(c["cost_usd"] for c in calls),
                   history_rows=history_rows, finish_reason=_finish(finish),
-                  request_id=request_id, router_version=version, explored=explore,
+                  request_id=request_id, router_version=version, explored=self.explores(rid),
                   timing=dict(total_s=total_s, backbone_s=backbone_s,
                               router_s=max(0.0, total_s - backbone_s), compute_s=compute_s,
                               decisions=decisions))
     await self.log_route(record)
     self.counters["served"] += 1
     if episode is not None:
-      self._trajectories[rid] = episode
-      while len(self._trajectories) > self.learner.settings.keep_trajectories:
-        self._trajectories.popitem(last=False)
-        self.counters["trajectories_dropped"] += 1
+      self._keep_trajectory(rid, episode)
     return Served(state.final_answer, record)
+
+  def _check_answered(self, state, calls: list[dict]) -> None:
+    """Raises RequestError 502 when the workflow gave no answer (its backbones failed)."""
+    failed = [c["error"] for c in calls if c["error"]]
+    if state.final_answer is None or (calls and calls[-1]["error"]):
+      self.counters["unservable"] += 1
+      kinds = ", ".join(sorted(set(failed))) or "no final answer within the step cap"
+      raise RequestError(502, f"the workflow produced no answer: {len(failed)} of {len(calls)} "
+                         f"backbone calls failed ({kinds})", "backbone_error")
+
+  async def _decide(self, obs: dict, rid: str, index: int, q_emb, episode):
+    """Decision `index` of request `rid`: greedy, or sampled for an exploring request (with its
+    own key); a learning server's `episode` keeps what the policy saw and chose."""
+    explore = self.explores(rid)
+    batcher = self.sampler if explore else self.batcher
+    ids = (rollout.episode_seed("decision", rid, index),) if explore else (0,)
+    decision = await batcher.decide(obs, ids=ids, extra=q_emb)
+    if episode is not None:   # as a training rollout's episode records it
+      episode.obs.append(obs)
+      episode.actions.append(decision.action)
+      episode.logp.append(decision.logp)
+      episode.values.append(decision.value)
+    return decision
+
+  def _keep_trajectory(self, rid: str, episode: rollout.Episode) -> None:
+    """A served episode waits for its feedback (the oldest beyond keep_trajectories go)."""
+    self._trajectories[rid] = episode
+    while len(self._trajectories) > self.learner.settings.keep_trajectories:
+      self._trajectories.popitem(last=False)
+      self.counters["trajectories_dropped"] += 1
 
   def _log_cancelled(self, rid: str, request_id: str | None, calls: list[dict],
                      aborted: bool) -> None:
