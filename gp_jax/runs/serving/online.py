@@ -187,6 +187,7 @@ class OnlineLearner:
     self.counters = collections.Counter(versions.learner.get("counters", {}))
     self.rejections: list[dict] = list(versions.learner.get("rejections", []))[-20:]
     self.updating = False
+    self._closing = False
     self._task: asyncio.Task | None = None
     if versions.serving is None:   # a new store: the trained weights are v0
       self.state = ppo.TrainingState(params=jax.device_get(params),
@@ -222,7 +223,7 @@ class OnlineLearner:
     self._maybe_start()
 
   def _maybe_start(self) -> None:
-    if self._task is not None and not self._task.done():
+    if self._closing or (self._task is not None and not self._task.done()):
       return
     taken = select(self.pending, self.settings.every, self.settings.key_cap)
     if taken is None:
@@ -272,6 +273,8 @@ class OnlineLearner:
                 counters=dict(self.counters), settings=self.settings.to_dict())
 
   async def aclose(self) -> None:
+    """Lets an update in progress finish (and be recorded); starts no other."""
+    self._closing = True
     if self._task is not None and not self._task.done():
       try:
         await self._task
@@ -280,6 +283,23 @@ class OnlineLearner:
     self._thread.shutdown(wait=True)
 
   # ---- in the learner thread ------------------------------------------------------------------------
+  def warm_up(self, obs: dict, view) -> None:
+    """Compiles the update, the KL's scoring and the canary's policy before serving (on a batch
+    of copies of one observation; nothing is kept), so the first update takes as long as the
+    others."""
+    action = int(np.flatnonzero(obs["mask"])[0])
+    episode = rollout.Episode(None, None, 0, None, None, None, obs=[obs], actions=[action],
+                              logp=[0.0], values=[0.0], rewards=[0.0])
+    n_rows = len(view) if view is not None else 0
+    episodes = [dataclasses.replace(episode, snapshots=[n_rows])] * self.settings.every
+    batch, hist = batch_lib.build_batch(episodes, view, batch_size=self.batch_size,
+                                        num_episodes=self.settings.every,
+                                        max_calls=self.max_calls, num_hubs=self.space.size)
+    state = jax.tree_util.tree_map(jnp.array, self.state)
+    jax.block_until_ready(self.update(state, self.hub_features, hist, batch))
+    self._logits(self.state.params, batch.transitions["obs"], view)
+    self.canary(self.state.params, view)
+
   def _update(self, chosen: list[Pending], view) -> dict:
     """One guarded update of the serving weights from `chosen` episodes; returns
     {accepted, version, state} (accepted) or {accepted: False, reason}."""

@@ -310,12 +310,16 @@ class RouterSession:
         self.runner, buckets, greedy=True, executor=self._compute,
         prepare=self._with_retrieval if self._index is not None else None)
     self.memory.attach(self.runner, self.params, on_evict=self._reset_index)
+    self.batcher.warm_up(*self._warm_up_observation())
+
+  def _warm_up_observation(self) -> tuple[dict, np.ndarray]:
+    """The first observation of a made-up request, and its query embedding (compiling)."""
     q = self.make_query("warm-up question", self.default_task)
     t_emb, q_emb = self.featurizer.encoder.encode([self.describe(q)[0], q.query])
     state = self.env.reset(q)
-    self.batcher.warm_up(self.featurizer.observe(
+    return self.featurizer.observe(
         state, t_emb, q_emb, np.zeros((0, self.featurizer.spec.row_dim), np.float32),
-        self.env.mask(state)), q_emb)
+        self.env.mask(state)), q_emb
 
   def _start_learner(self, config, learn: online.LearnSettings | None, versions_dir) -> None:
     """A learning server's learner, its version store (resuming the serving version) and the
@@ -337,6 +341,8 @@ class RouterSession:
     self.router_version = self.learner.version
     if self.learner.version != "v0":   # a restart resumes the serving version
       self._swap(self.learner.params, self.learner.version)
+    self.learner.warm_up(self._warm_up_observation()[0],
+                         self.history.view() if self.reads_memory else None)
     self.sampler = decisions.DecisionBatcher(
         self.runner, self._buckets, key=jax.random.PRNGKey(learn.seed), greedy=False,
         executor=self._compute, prepare=self._with_retrieval if self._index is not None else None)
