@@ -114,6 +114,10 @@ def main():
     mean, half, _ = stats.ci95(diff)
     print(f"| {w}-{min(w + args.window, args.requests) - 1} | " + " | ".join(cells) +
           f" | {mean:+.4f} +- {half:.4f} |")
+  for m in ("memory", "learning"):
+    mean, half, _ = stats.ci95([a["reward"] - b["reward"]
+                                for a, b in zip(results[m], results["frozen"])])
+    print(f"{m} - frozen over all requests (paired): {mean:+.4f} +- {half:.4f}")
   for m in MODES:
     mean, half, _ = stats.ci95([r["reward"] for r in results[m]])
     o = np.array([r["overhead"] for r in results[m]]) * 1e3
