@@ -36,6 +36,8 @@ import collections
 import concurrent.futures
 import dataclasses
 import logging
+import os
+import threading
 import time
 from typing import Callable
 
@@ -53,6 +55,7 @@ from gp_jax.runs.serving import versions as versions_lib
 
 _log = logging.getLogger(__name__)
 LEARNABLE_MODES = ("transductive", "inductive")   # model.history modes the online learner updates
+LEARNER_NICE = 19   # the learner thread's niceness (the decisions' threads keep theirs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -142,6 +145,15 @@ def policy_kl(old_logits: np.ndarray, new_logits: np.ndarray, mask: np.ndarray,
   return float((each * weights).sum() / max(weights.sum(), 1.0))
 
 
+def _lower_priority() -> None:
+  """The learner thread yields the CPU to the decisions: the lowest scheduling priority for this
+  thread only (Linux: a thread id is a process id to setpriority; elsewhere nothing changes)."""
+  try:
+    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LEARNER_NICE)
+  except (AttributeError, OSError):   # not Linux, or not permitted: the default priority
+    pass
+
+
 class OnlineLearner:
   """The learner of a serving router (module docstring).
 
@@ -182,7 +194,8 @@ class OnlineLearner:
     self.runner = rollout.PolicyRunner(model, system.featurizer.hub_features,
                                        len(self.canary_queries), featurizer=system.featurizer)
     self._abstract = rl_loop.init_state(model, system.featurizer, optimizer, int(config.seed))
-    self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="router-learner")
+    self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="router-learner",
+                                                         initializer=_lower_priority)
     self.pending: list[Pending] = []
     self.counters = collections.Counter(versions.learner.get("counters", {}))
     self.rejections: list[dict] = list(versions.learner.get("rejections", []))[-20:]
