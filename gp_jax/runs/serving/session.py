@@ -29,6 +29,11 @@ key's own oldest rows beyond its share). Later decisions read the new rows. The 
 from the checkpoint's history (the training episodes) or, when the store holds one, from the
 store; a shared store's feedback from other replicas is applied every `sync_interval_s`.
 
+Learning (`learn`, serving/online.py): each routed request keeps its rollout episode (what the
+decisions saw and chose) until its feedback arrives; the learner turns episodes into guarded PPO
+updates in its own thread, and `_swap` installs an accepted version's weights on the loop,
+between batched policy calls. Versions, rollback and restart: serving/versions.py.
+
 The library part takes explicit arguments; `load_config` is the one place that reads a recorded
 config (and refuses command-line overrides of fields that changed what was trained).
 """
