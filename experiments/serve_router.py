@@ -18,11 +18,14 @@ from ml_collections import config_flags
 
 from experiments import common
 from gp_jax import errors
+from gp_jax import files
 from gp_jax.runs.serving import app
 from gp_jax.runs.serving import auth
+from gp_jax.runs.serving import online
 from gp_jax.runs.serving import ratelimit
 from gp_jax.runs.serving import session
 from gp_jax.runs.serving import store
+from gp_jax.runs.serving import versions
 
 _CONFIG = common.define_config("experiments/configs/default.py",
                                "Only --config.* overrides are read (the workdir's config.json is "
@@ -82,6 +85,23 @@ _RATE = flags.DEFINE_float("rate_limit_rps", 0.0, "Requests per second per key (
                            "address without keys); 0 = no limit.")
 _BURST = flags.DEFINE_integer("rate_limit_burst", 20, "Token bucket size of the request and "
                               "feedback limits (requests at once after an idle while).")
+_LEARN = flags.DEFINE_bool("learn", False, "Learn while serving: PPO updates from served "
+                           "requests' feedback, guarded, swapped in between decisions; router "
+                           "versions kept next to the memory (docs/serving.md, Learning while "
+                           "serving). Simulator backend only.")
+_LEARN_EVERY = flags.DEFINE_integer("learn_every", 32, "Feedbacks per online PPO update.")
+_LEARN_EXPLORE = flags.DEFINE_float("learn_explore", 0.1, "Share of requests whose decisions are "
+                                    "sampled from the policy (the rest greedy).")
+_LEARN_CANARY = flags.DEFINE_integer("learn_canary_size", 16, "Held-out simulator queries a "
+                                     "candidate is scored on.")
+_LEARN_MARGIN = flags.DEFINE_float("learn_canary_margin", 0.02, "A candidate whose canary reward "
+                                   "is below the serving one by more is rejected.")
+_LEARN_KL = flags.DEFINE_float("learn_max_kl", 0.05, "Largest mean KL(serving || candidate) of "
+                               "one update.")
+_LEARN_SHARE = flags.DEFINE_float("learn_max_key_share", 0.25, "Largest share of one update's "
+                                  "episodes from one API key.")
+_LEARN_SEED = flags.DEFINE_integer("learn_seed", 0, "Seed of the learner and the exploring "
+                                   "decisions.")
 _FEEDBACK_RPS = flags.DEFINE_float("feedback_rps", 0.0, "Feedback per second per key (per "
                                    "client address without keys); 0 = no limit.")
 
@@ -103,6 +123,16 @@ def main(argv):
   memory = None if memory == "none" else memory
   log = _ROUTE_LOG.value or (str(pathlib.Path(memory).with_name("routes.jsonl")) if memory else "")
   log = None if log in ("", "none") else log
+  learn, versions_dir = None, None
+  if _LEARN.value:
+    learn = online.LearnSettings(every=_LEARN_EVERY.value, explore=_LEARN_EXPLORE.value,
+                                 canary_size=_LEARN_CANARY.value,
+                                 canary_margin=_LEARN_MARGIN.value, max_kl=_LEARN_KL.value,
+                                 max_key_share=_LEARN_SHARE.value, seed=_LEARN_SEED.value)
+    state_dir = pathlib.Path(memory).parent if memory else pathlib.Path(_WORKDIR.value) / "served"
+    versions_dir = state_dir / versions.FOLDER
+    # The settings a learning server ran with, in its served-state folder.
+    files.write_json(state_dir / "learn.json", learn.to_dict(), "the learning settings")
   namespace = _NAMESPACE.value or pathlib.Path(_WORKDIR.value).resolve().name
   stored = store.StoreConfig(memory_path=memory, route_log=log, memory_url=_MEMORY_URL.value,
                              namespace=namespace,
@@ -110,7 +140,7 @@ def main(argv):
   s = session.RouterSession(config, _WORKDIR.value, max_concurrency=_MAX_CONCURRENCY.value,
                             store_config=stored, max_key_share=_MAX_KEY_SHARE.value,
                             sync_interval_s=_SYNC.value, default_task=_DEFAULT_TASK.value or None,
-                            max_queue=_MAX_QUEUE.value)
+                            max_queue=_MAX_QUEUE.value, learn=learn, versions_dir=versions_dir)
   app.serve(s, host=_HOST.value, port=_PORT.value, max_body_bytes=_MAX_BODY.value,
             deadline_s=_DEADLINE.value, keys=keys, allowed_hosts=tuple(_ALLOWED_HOSTS.value),
             rate_limit_rps=_RATE.value, rate_limit_burst=_BURST.value,

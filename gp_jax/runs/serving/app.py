@@ -15,6 +15,9 @@
                              1000): page by passing the response's `last` as the next `after`.
                              `since=T` (created after unix time T) is kept, but not for paging
   GET  /v1/memory            the history memory: rows, capacity, rows per (role, LLM) hub
+  GET  /v1/router/versions   a learning server's (--learn) accepted router versions with their
+                             provenance, the serving one and recent rejections (admin)
+  POST /v1/router/rollback   {"version": id}: serve that accepted version again (admin)
   GET  /health               liveness and counters
   GET  /metrics              Prometheus text format (metrics.py)
 
@@ -26,7 +29,9 @@ route (one entry per LLM call: step, role, llm, node, input/output tokens, cost_
 error), `cost_usd` (the sum over the route), `history_rows` (history memory rows the decisions
 read), `task` and `timing` (seconds: total_s; backbone_s awaiting LLM calls; router_s = total_s -
 backbone_s, the router's overhead including waiting for the event loop; compute_s, the router's
-own work: features, its share of the batched policy calls; decisions); the `x-gp-route` header gives the
+own work: features, its share of the batched policy calls; decisions), `version` (the router
+version that decided, on a learning server; None otherwise) and `explored` (its decisions were
+sampled, a learning server's exploring share); the `x-gp-route` header gives the
 route compactly ("role:llm,role:llm,...") and `x-gp-cost-usd` the total $ cost (not on streams,
 whose headers go out first). `usage` sums the tokens of every call. Every response carries
 `x-request-id` (the client's when safe, else a new one).
@@ -352,7 +357,8 @@ def _extension(record: dict) -> dict:
                               "cost_usd", "latency_s", "error")} for c in record["calls"]]
   return dict(route=route, cost_usd=record["cost_usd"], task=record["task"],
               history_rows=record["history_rows"], alpha=record["alpha"],
-              timing=record["timing"])
+              timing=record["timing"], version=record.get("router_version"),
+              explored=record.get("explored", False))
 
 
 def _headers(record: dict) -> dict:
@@ -640,6 +646,19 @@ async def memory(request: web.Request) -> web.Response:
   return web.json_response(_no_paths(request.app[SESSION_KEY].memory_info()))
 
 
+async def router_versions(request: web.Request) -> web.Response:
+  return web.json_response(request.app[SESSION_KEY].router_versions())
+
+
+async def rollback(request: web.Request) -> web.Response:
+  body = await _json_body(request)
+  version = body.get("version")
+  if not isinstance(version, str) or not version or set(body) - {"version"}:
+    raise RequestError(400, 'the body must be {"version": "<a version id of '
+                       '/v1/router/versions>"}', "invalid_parameter", "version")
+  return web.json_response(await request.app[SESSION_KEY].rollback(version))
+
+
 async def health(request: web.Request) -> web.Response:
   if request.get(PRINCIPAL) is None:   # no valid key (keys are set): liveness only
     return web.json_response({"status": "ok"})
@@ -687,6 +706,8 @@ def make_app(session: session_lib.RouterSession, *, max_body_bytes: int = 1 << 2
   app.router.add_post("/v1/feedback", feedback)
   app.router.add_get("/v1/routes", routes)
   app.router.add_get("/v1/memory", memory)
+  app.router.add_get("/v1/router/versions", router_versions)
+  app.router.add_post("/v1/router/rollback", rollback)
   app.router.add_get("/health", health)
   app.router.add_get("/metrics", prometheus)
 

@@ -173,6 +173,8 @@ ACCESS = {
     "/v1/feedback": ANY_KEY,           # clients: their own completions (may_feedback)
     "/v1/routes": ADMIN_ONLY,
     "/v1/memory": ADMIN_ONLY,
+    "/v1/router/versions": ADMIN_ONLY,
+    "/v1/router/rollback": ADMIN_ONLY,
     "/metrics": ADMIN_ONLY,
 }
 

@@ -17,6 +17,9 @@ Each app has its own registry (not the library's global one), so two servers in 
     gp_router_memory_rows, gp_router_memory_capacity
     gp_router_feedback_total, gp_router_served_total{kind}, gp_router_unservable_total (502s:
       the backbones could not answer), gp_router_timeouts_total (504s)
+    a learning server (--learn, online.py): gp_router_learner_updates_total (PPO updates run),
+      gp_router_learner_accepted_total, gp_router_learner_rejected_total{reason} (kl, canary),
+      gp_router_learner_pending (episodes with feedback waiting), gp_router_learner_rollbacks_total
 
 `endpoint` is the route's path pattern; requests to paths the server does not serve share the
 label "other", so a scan of random paths cannot grow the series without bound.
@@ -91,6 +94,21 @@ class _SessionCollector:
     yield counter("gp_router_unservable", "Requests the backbones could not answer (502).",
                   c["unservable"])
     yield counter("gp_router_timeouts", "Requests past the deadline (504).", c["timeout"])
+    learner = getattr(s, "learner", None)
+    if learner is not None:
+      lc = learner.counters
+      yield counter("gp_router_learner_updates", "Online PPO updates run.", lc["updates"])
+      yield counter("gp_router_learner_accepted", "Online updates accepted as new versions.",
+                    lc["accepted"])
+      rejected = CounterMetricFamily("gp_router_learner_rejected", "Online updates rejected "
+                                     "by a guard.", labels=["reason"])
+      for reason in ("kl", "canary"):
+        rejected.add_metric([reason], float(lc[f"rejected_{reason}"]))
+      yield rejected
+      yield counter("gp_router_learner_rollbacks", "Rollbacks to an earlier version.",
+                    lc["rollbacks"])
+      yield gauge("gp_router_learner_pending", "Episodes with feedback waiting for an update.",
+                  len(learner.pending))
 
 
 class Metrics:

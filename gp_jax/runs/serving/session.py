@@ -29,6 +29,11 @@ key's own oldest rows beyond its share). Later decisions read the new rows. The 
 from the checkpoint's history (the training episodes) or, when the store holds one, from the
 store; a shared store's feedback from other replicas is applied every `sync_interval_s`.
 
+Learning (`learn`, serving/online.py): each routed request keeps its rollout episode (what the
+decisions saw and chose) until its feedback arrives; the learner turns episodes into guarded PPO
+updates in its own thread, and `_swap` installs an accepted version's weights on the loop,
+between batched policy calls. Versions, rollback and restart: serving/versions.py.
+
 The library part takes explicit arguments; `load_config` is the one place that reads a recorded
 config (and refuses command-line overrides of fields that changed what was trained).
 """
@@ -46,6 +51,8 @@ import types
 import uuid
 from typing import Callable
 
+import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -60,8 +67,10 @@ from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
 from gp_jax.runs.serving import conversation as conversation_lib
 from gp_jax.runs.serving import memory as memory_lib
+from gp_jax.runs.serving import online
 from gp_jax.runs.serving import store
 from gp_jax.runs.serving import store_api
+from gp_jax.runs.serving import versions as versions_lib
 from gp_jax.sim import simulator as sim
 from gp_jax.types import Query
 from gp_jax.util import aio
@@ -211,13 +220,16 @@ class RouterSession:
     sync_interval_s: how often feedback other replicas added is applied (shared stores).
     default_task: task family of requests without a task hint (None: the backend's default).
     pool: an LLM pool to use instead of the configured backend (tests).
+    learn: learn while serving (online.LearnSettings; None: frozen weights).
+    versions_dir: where a learning server keeps its router versions (versions.VersionStore).
   """
 
   def __init__(self, config, workdir, *, max_concurrency: int = 64, memory_path=None,
                route_log=None, store_config: store.StoreConfig | None = None,
                max_key_share: float | None = 0.25, sync_interval_s: float = 1.0,
                default_task: str | None = None, pool: base.LLMPool | None = None,
-               max_queue: int | None = None):
+               max_queue: int | None = None, learn: online.LearnSettings | None = None,
+               versions_dir=None):
     if max_concurrency < 1:
       raise errors.ConfigError(f"--max_concurrency must be >= 1, got {max_concurrency}")
     if not sync_interval_s > 0:
@@ -225,6 +237,7 @@ class RouterSession:
     if max_queue is not None and max_queue < 0:
       raise errors.ConfigError(f"--max_queue must be >= 0, got {max_queue}")
     self.max_queue = 4 * max_concurrency if max_queue is None else int(max_queue)
+    self.counters = collections.Counter()
     training.enable_compile_cache(config.compile_cache)
     self.workdir = pathlib.Path(workdir)
     self.sync_interval_s = float(sync_interval_s)
@@ -249,6 +262,7 @@ class RouterSession:
       # appended rows' bytes per appended row, and a restart replays at most a quarter of it.
       self.compact_rows = max(4096, self.history.capacity // 4)
       self._start_policy(max_concurrency)
+      self._start_learner(config, learn, versions_dir)
       if restored is None:   # the store holds the memory from the start (the checkpoint's)
         self.store.write_base(*self._snapshot())
     except BaseException:
@@ -262,7 +276,6 @@ class RouterSession:
     self.in_flight = 0
     self.waiting = 0               # admitted requests waiting for a workflow slot
     self._held_s = 1.0             # running mean of how long a request holds its slot (Retry-After)
-    self.counters = collections.Counter()
 
   def _load_router(self, config, pool: base.LLMPool | None, default_task: str | None) -> None:
     """The system of the recorded config, the trained router of self.workdir, the task
@@ -295,6 +308,7 @@ class RouterSession:
     self.runner.set_params(self.params, self.history if self.reads_memory else None)
     self.max_concurrency = max_concurrency
     buckets = tuple(b for b in BATCH_BUCKETS if b < max_concurrency) + (max_concurrency,)
+    self._buckets = buckets
     # One worker thread for the router's compute (policy calls, text encoding): off the event
     # loop, one at a time (JAX uses its own threads within a call).
     self._compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="router-compute")
@@ -303,12 +317,57 @@ class RouterSession:
         self.runner, buckets, greedy=True, executor=self._compute,
         prepare=self._with_retrieval if self._index is not None else None)
     self.memory.attach(self.runner, self.params, on_evict=self._reset_index)
+    self.batcher.warm_up(*self._warm_up_observation())
+
+  def _warm_up_observation(self) -> tuple[dict, np.ndarray]:
+    """The first observation of a made-up request, and its query embedding (compiling)."""
     q = self.make_query("warm-up question", self.default_task)
     t_emb, q_emb = self.featurizer.encoder.encode([self.describe(q)[0], q.query])
     state = self.env.reset(q)
-    self.batcher.warm_up(self.featurizer.observe(
+    return self.featurizer.observe(
         state, t_emb, q_emb, np.zeros((0, self.featurizer.spec.row_dim), np.float32),
-        self.env.mask(state)), q_emb)
+        self.env.mask(state)), q_emb
+
+  def _start_learner(self, config, learn: online.LearnSettings | None, versions_dir) -> None:
+    """A learning server's learner, its version store (resuming the serving version) and the
+    sampled decisions of its exploring requests."""
+    self.learner: online.OnlineLearner | None = None
+    self.router_version: str | None = None
+    self._trajectories: collections.OrderedDict[str, rollout.Episode] = collections.OrderedDict()
+    if learn is None:
+      return
+    if versions_dir is None:
+      raise errors.ConfigError("--learn keeps router versions next to the memory: give a "
+                               "--memory_path (not 'none')")
+    store = versions_lib.VersionStore(versions_dir, row_dim=self.featurizer.spec.row_dim,
+                                      num_hubs=self.space.size)
+    self.learner = online.OnlineLearner(
+        learn, config=config, system=self.system, model=self.model, params=self.params,
+        history=lambda: self.history if self.reads_memory else None, versions=store,
+        swap=self._swap)
+    self.router_version = self.learner.version
+    if self.learner.version != "v0":   # a restart resumes the serving version
+      self._swap(self.learner.params, self.learner.version)
+    self.learner.warm_up(self._warm_up_observation()[0],
+                         self.history.view() if self.reads_memory else None)
+    self.sampler = decisions.DecisionBatcher(
+        self.runner, self._buckets, key=jax.random.PRNGKey(learn.seed), greedy=False,
+        executor=self._compute, prepare=self._with_retrieval if self._index is not None else None)
+
+  def _swap(self, params, version: str) -> None:
+    """New weights for the decisions (on the event loop, between batched policy calls: each
+    call copies its inputs on the loop): the per-hub sums recomputed over the memory."""
+    params = jax.tree_util.tree_map(jnp.asarray, params)
+    self.params = params
+    self.runner.set_params(params, self.history if self.reads_memory else None)
+    self.memory.attach(self.runner, params, on_evict=self._reset_index)
+    self.router_version = version
+    self.counters["swaps"] += 1
+
+  def explores(self, rid: str) -> bool:
+    """Whether request `rid` samples its decisions (a learning server's exploring share)."""
+    share = self.learner.settings.explore if self.learner is not None else 0.0
+    return share > 0 and rollout.episode_seed("explore", rid) < share * 2 ** 32
 
   # ---- queries ---------------------------------------------------------------------------------
   def describe(self, q: Query) -> tuple[str, str]:
@@ -424,12 +483,14 @@ class RouterSession:
     decisions = 0
     finish = None
     calling = False
+    version = self.router_version
+    episode = rollout.Episode(q, state, seed, t_emb, q_emb, rows) if self.learner else None
     try:
       while not state.done:
         obs, dt = await self._off_loop(self.featurizer.observe, state, t_emb, q_emb, rows,
                                        self.env.mask(state))
         compute_s += dt
-        decision = await self.batcher.decide(obs, extra=q_emb)
+        decision = await self._decide(obs, rid, decisions, q_emb, episode)
         action, policy_s = decision.action, decision.seconds
         compute_s += policy_s
         decisions += 1
@@ -442,6 +503,8 @@ class RouterSession:
                                   on_delta=on_delta if final else None)
         calling = False
         backbone_s += time.perf_counter() - t1
+        if episode is not None:
+          episode.rewards.append(res.reward)   # -alpha x cost; the feedback score joins it
         finish = res.finish_reason if final else finish
         new_rows, dt = await self._off_loop(self.featurizer.memory_rows, [res.call], None)
         rows = np.concatenate([rows, new_rows])
@@ -451,23 +514,50 @@ class RouterSession:
       raise
     calls = [_call_record(c) for c in state.calls]
     total_s = time.perf_counter() - t0
+    self._check_answered(state, calls)
+    record = dict(type="route", id=rid, created=created, model=ROUTER_MODEL, alpha=self.alpha,
+                  key=key, task=task, query=q.query, answer=state.final_answer, calls=calls,
+                  usage=_usage(calls), cost_usd=sum(c["cost_usd"] for c in calls),
+                  history_rows=history_rows, finish_reason=_finish(finish),
+                  request_id=request_id, router_version=version, explored=self.explores(rid),
+                  timing=dict(total_s=total_s, backbone_s=backbone_s,
+                              router_s=max(0.0, total_s - backbone_s), compute_s=compute_s,
+                              decisions=decisions))
+    await self.log_route(record)
+    self.counters["served"] += 1
+    if episode is not None:
+      self._keep_trajectory(rid, episode)
+    return Served(state.final_answer, record)
+
+  def _check_answered(self, state, calls: list[dict]) -> None:
+    """Raises RequestError 502 when the workflow gave no answer (its backbones failed)."""
     failed = [c["error"] for c in calls if c["error"]]
     if state.final_answer is None or (calls and calls[-1]["error"]):
       self.counters["unservable"] += 1
       kinds = ", ".join(sorted(set(failed))) or "no final answer within the step cap"
       raise RequestError(502, f"the workflow produced no answer: {len(failed)} of {len(calls)} "
                          f"backbone calls failed ({kinds})", "backbone_error")
-    record = dict(type="route", id=rid, created=created, model=ROUTER_MODEL, alpha=self.alpha,
-                  key=key, task=task, query=q.query, answer=state.final_answer, calls=calls,
-                  usage=_usage(calls), cost_usd=sum(c["cost_usd"] for c in calls),
-                  history_rows=history_rows, finish_reason=_finish(finish),
-                  request_id=request_id,
-                  timing=dict(total_s=total_s, backbone_s=backbone_s,
-                              router_s=max(0.0, total_s - backbone_s), compute_s=compute_s,
-                              decisions=decisions))
-    await self.log_route(record)
-    self.counters["served"] += 1
-    return Served(state.final_answer, record)
+
+  async def _decide(self, obs: dict, rid: str, index: int, q_emb, episode):
+    """Decision `index` of request `rid`: greedy, or sampled for an exploring request (with its
+    own key); a learning server's `episode` keeps what the policy saw and chose."""
+    explore = self.explores(rid)
+    batcher = self.sampler if explore else self.batcher
+    ids = (rollout.episode_seed("decision", rid, index),) if explore else (0,)
+    decision = await batcher.decide(obs, ids=ids, extra=q_emb)
+    if episode is not None:   # as a training rollout's episode records it
+      episode.obs.append(obs)
+      episode.actions.append(decision.action)
+      episode.logp.append(decision.logp)
+      episode.values.append(decision.value)
+    return decision
+
+  def _keep_trajectory(self, rid: str, episode: rollout.Episode) -> None:
+    """A served episode waits for its feedback (the oldest beyond keep_trajectories go)."""
+    self._trajectories[rid] = episode
+    while len(self._trajectories) > self.learner.settings.keep_trajectories:
+      self._trajectories.popitem(last=False)
+      self.counters["trajectories_dropped"] += 1
 
   def _log_cancelled(self, rid: str, request_id: str | None, calls: list[dict],
                      aborted: bool) -> None:
@@ -606,9 +696,10 @@ class RouterSession:
       raise duplicate
     self._claimed.add(rid)
     try:
-      # The calls as the memory stores them (memory_rows reads texts, cost and failure).
+      # The calls as the memory stores them (the rows read texts, cost and failure), in the
+      # model's row layout (the one function for rows joining a history).
       calls = [types.SimpleNamespace(**c) for c in rec["calls"]]
-      rows = self.featurizer.memory_rows(calls, float(score))
+      rows = self.featurizer.episode_rows(calls, float(score), self.runner.row_layout)
       hubs = np.array([c["action"] for c in rec["calls"]], np.int32)
       fb = store_api.Feedback(seq=0, rid=rid, key=key, score=float(score), rows=rows, hubs=hubs)
       try:
@@ -629,6 +720,12 @@ class RouterSession:
       self._claimed.discard(rid)
     self.counters["feedback"] += 1
     self._maybe_compact()
+    if self.learner is not None:
+      episode = self._trajectories.pop(rid, None)
+      if episode is not None:
+        self.learner.add(rid, key, float(score), episode)
+      else:   # a pass-through call, or served before a restart or long ago
+        self.counters["feedback_not_learned"] += 1
     out = self.memory.result(rid) or dict(rows_added=len(rows), rows_evicted=0)
     return dict(id=rid, score=float(score), rows_added=out["rows_added"],
                 rows_evicted=out["rows_evicted"], memory_rows=len(self.history), seq=fb.seq)
@@ -691,10 +788,36 @@ class RouterSession:
                                mean_batch=b.decisions / b.calls if b.calls else 0.0,
                                policy_s=b.act_s),
                 memory=dict((k, v) for k, v in self.memory_info().items()
-                            if k not in ("per_hub", "per_key")))
+                            if k not in ("per_hub", "per_key")),
+                router=(self.learner.info() if self.learner is not None
+                        else dict(version=None, learning=False)))
+
+  def router_versions(self) -> dict:
+    """The accepted versions (a learning server), the serving one and the recent rejections."""
+    if self.learner is None:
+      raise RequestError(404, "this server does not learn (start it with --learn)",
+                         "learning_disabled")
+    return dict(object="list", data=self.learner.versions.versions(),
+                serving=self.learner.version, rejected=list(self.learner.rejections))
+
+  async def rollback(self, version: str) -> dict:
+    """Serves accepted version `version` again. Raises RequestError 404 (unknown version, or
+    a server that does not learn)."""
+    if self.learner is None:
+      raise RequestError(404, "this server does not learn (start it with --learn)",
+                         "learning_disabled")
+    try:
+      record = await self.learner.rollback(version)
+    except KeyError:
+      raise RequestError(404, f"no router version {version!r}", "unknown_version",
+                         "version") from None
+    return dict(record, serving=version)
 
   async def aclose(self) -> None:
     await self.batcher.aclose()
+    if self.learner is not None:
+      await self.sampler.aclose()
+      await self.learner.aclose()
     await aio.cancel_and_wait(self._sync_task)
     try:
       if self._compacting is not None:

@@ -1,0 +1,394 @@
+"""Learning while serving: PPO updates from served workflows whose feedback arrived, guarded, with
+the new weights swapped in between decisions (docs/serving.md, "Learning while serving").
+
+A served request keeps what its decisions saw and chose, as a training rollout does
+(gp_jax/rl/rollout.Episode: observations, actions, log-probabilities, values, step rewards
+-alpha x cost). Its feedback score s adds s to the last step's reward, so its return is
+s - alpha x cost, the training reward with the trained alpha. Every `every` feedbacks the learner
+builds the project's PPO batch of them (gp_jax/rl/batch.build_batch) and runs the project's one
+jitted PPO update (gp_jax/rl/ppo.py, through gp_jax/runs/ppo_config.make_update) on a copy of the
+serving weights, in its own thread; requests go on meanwhile with the serving weights.
+
+Guards, in this order, before a candidate may serve:
+  key share    each API key's feedback is at most `max_key_share` of an update's episodes (a
+               key's surplus waits for later updates; the oldest waiting episodes beyond
+               `max_pending` are dropped and counted): one client cannot steer an update.
+  KL bound     the mean KL(serving || candidate) of the update's decisions must not exceed
+               `max_kl`: one update moves the policy at most that far.
+  canary       the candidate and the serving weights both run the canary queries (held-out
+               simulator queries, the test split the router never trained on) greedily, scored
+               by the simulator's expected utility minus alpha x cost; a candidate worse than
+               the serving weights by more than `canary_margin` is rejected.
+A rejected candidate is dropped (its episodes with it), logged and counted (/metrics); an
+accepted one becomes a new version (versions.py: an orbax checkpoint with its parent, the
+feedback ids it learned from and both canary scores) and is swapped in on the event loop, where
+no decision is in the middle of being scored (decisions copy their inputs on the loop).
+
+History memory in the update: the served memory changes with every feedback and evicts its
+oldest rows, so a served decision's memory cannot be rebuilt exactly later; the update gives
+every transition the memory as it is when the update starts (the serving decisions read nearly
+the same rows; the PPO ratio clip and the KL guard bound what the difference can do).
+"""
+from __future__ import annotations
+
+import asyncio
+import collections
+import concurrent.futures
+import dataclasses
+import logging
+import os
+import threading
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from gp_jax import errors
+from gp_jax.rl import batch as batch_lib
+from gp_jax.rl import loop as rl_loop
+from gp_jax.rl import ppo
+from gp_jax.rl import rollout
+from gp_jax.runs import ppo_config
+from gp_jax.runs.serving import versions as versions_lib
+
+_log = logging.getLogger(__name__)
+LEARNABLE_MODES = ("transductive", "inductive")   # model.history modes the online learner updates
+LEARNER_NICE = 19   # the learner thread's niceness (the decisions' threads keep theirs)
+
+
+@dataclasses.dataclass(frozen=True)
+class LearnSettings:
+  """Settings of a learning server (recorded in the served-state folder's learn.json).
+
+  Attributes:
+    every: feedbacks (episodes) per PPO update.
+    explore: share of requests whose decisions are sampled from the policy instead of greedy
+      (the rest are greedy, as a frozen server's); without it the learner only ever sees the
+      routes the policy already prefers.
+    canary_size: held-out simulator queries the guard scores a candidate on.
+    canary_margin: a candidate whose canary reward is below the serving one by more than this is
+      rejected.
+    max_kl: the most mean KL(serving || candidate) over the update's decisions one update may
+      move the policy.
+    max_key_share: the most share of one update's episodes one API key's feedback may be.
+    max_pending: episodes with feedback waiting for an update (oldest dropped beyond it).
+    keep_trajectories: served requests whose trajectories wait for feedback (oldest dropped).
+    seed: the learner's PRNG seed (minibatch order; exploration draws).
+  """
+  every: int = 32
+  explore: float = 0.1
+  canary_size: int = 16
+  canary_margin: float = 0.02
+  max_kl: float = 0.05
+  max_key_share: float = 0.25
+  max_pending: int = 4096
+  keep_trajectories: int = 1024
+  seed: int = 0
+
+  def __post_init__(self):
+    checks = [(self.every >= 1, "--learn_every >= 1"),
+              (0.0 <= self.explore <= 1.0, "0 <= --learn_explore <= 1"),
+              (self.canary_size >= 1, "--learn_canary_size >= 1"),
+              (self.canary_margin >= 0.0, "--learn_canary_margin >= 0"),
+              (self.max_kl > 0.0, "--learn_max_kl > 0"),
+              (0.0 < self.max_key_share <= 1.0, "0 < --learn_max_key_share <= 1"),
+              (self.max_pending >= self.every, "--learn_max_pending >= --learn_every"),
+              (self.keep_trajectories >= 1, "--learn_keep_trajectories >= 1")]
+    for ok, what in checks:
+      if not ok:
+        raise errors.ConfigError(f"invalid learning settings: need {what}")
+
+  @property
+  def key_cap(self) -> int:
+    """Episodes of one key in one update (at least 1)."""
+    return max(1, int(self.max_key_share * self.every))
+
+  def to_dict(self) -> dict:
+    return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class Pending:
+  """An episode whose feedback arrived, waiting for an update."""
+  rid: str
+  key: str | None
+  score: float
+  episode: rollout.Episode
+
+
+def select(pending: list[Pending], every: int, key_cap: int) -> list[int] | None:
+  """Indices of the next update's `every` episodes: oldest first, at most key_cap of one API key
+  (feedback without a key is not capped); None when the waiting ones cannot fill an update."""
+  taken, per_key = [], collections.Counter()
+  for i, p in enumerate(pending):
+    if p.key is not None and per_key[p.key] >= key_cap:
+      continue
+    per_key[p.key] += 1
+    taken.append(i)
+    if len(taken) == every:
+      return taken
+  return None
+
+
+def _log_softmax(x: np.ndarray) -> np.ndarray:
+  x = x - x.max(-1, keepdims=True)
+  return x - np.log(np.exp(x).sum(-1, keepdims=True))
+
+
+def policy_kl(old_logits: np.ndarray, new_logits: np.ndarray, mask: np.ndarray,
+              weights: np.ndarray) -> float:
+  """Mean KL(old || new) over the real decisions (weights 1) of masked logits [B, A]."""
+  lo, ln = _log_softmax(old_logits.astype(np.float64)), _log_softmax(new_logits.astype(np.float64))
+  each = np.where(mask, np.exp(lo) * (lo - ln), 0.0).sum(-1)
+  return float((each * weights).sum() / max(weights.sum(), 1.0))
+
+
+def _lower_priority() -> None:
+  """The learner thread yields the CPU to the decisions: the lowest scheduling priority for this
+  thread only (Linux: a thread id is a process id to setpriority; elsewhere nothing changes)."""
+  try:
+    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LEARNER_NICE)
+  except (AttributeError, OSError):   # not Linux, or not permitted: the default priority
+    pass
+
+
+class OnlineLearner:
+  """The learner of a serving router (module docstring).
+
+  Args:
+    settings: LearnSettings.
+    config, system, model: the served router's recorded config, its system (gp_jax/runs/system)
+      and GARNet.
+    params: the trained weights (version v0 when the store is new).
+    history: () -> the served history memory now (None: the inductive mode).
+    versions: the version store (versions.VersionStore).
+    swap: swap(params, version) installs weights for the decisions (called on the event loop).
+  """
+
+  def __init__(self, settings: LearnSettings, *, config, system, model, params,
+               history: Callable, versions: versions_lib.VersionStore,
+               swap: Callable[[object, str], None]):
+    if config.model.history not in LEARNABLE_MODES:
+      raise errors.ConfigError(f"--learn updates routers with model.history in "
+                               f"{', '.join(LEARNABLE_MODES)}; this one is "
+                               f"{config.model.history!r}")
+    if not system.simulated:
+      raise errors.ConfigError("--learn needs the simulator backend: its canary guard scores "
+                               "candidates on held-out simulator queries (docs/serving.md)")
+    self.settings = s = settings
+    self.model, self.system, self.history, self.swap = model, system, history, swap
+    self.versions = versions
+    self.space = system.space
+    self.featurizer = system.featurizer
+    self.hub_features = jnp.asarray(system.featurizer.hub_features)
+    optimizer = ppo_config.make_optimizer(config)
+    self.update, self.batch_size = ppo_config.make_update(config, system, model, optimizer,
+                                                          episodes=s.every)
+    self.max_calls = ppo_config.max_calls(system)
+    self.alpha = float(config.alpha)
+    self.canary_queries = list(system.test_queries[:s.canary_size])
+    self.canary_env = system.env(self.alpha, reward="expected")
+    # The guards' own policy (canary rollouts and the KL's logits), apart from the serving one.
+    self.runner = rollout.PolicyRunner(model, system.featurizer.hub_features,
+                                       len(self.canary_queries), featurizer=system.featurizer)
+    self._abstract = rl_loop.init_state(model, system.featurizer, optimizer, int(config.seed))
+    self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="router-learner",
+                                                         initializer=_lower_priority)
+    self.pending: list[Pending] = []
+    self.counters = collections.Counter(versions.learner.get("counters", {}))
+    self.rejections: list[dict] = list(versions.learner.get("rejections", []))[-20:]
+    self.updating = False
+    self._closing = False
+    self._task: asyncio.Task | None = None
+    if versions.serving is None:   # a new store: the trained weights are v0
+      self.state = ppo.TrainingState(params=jax.device_get(params),
+                                     opt_state=jax.device_get(optimizer.init(params)),
+                                     rng=np.asarray(jax.random.PRNGKey(s.seed)),
+                                     update_step=np.zeros((), np.int32))
+      versions.add(self.state, dict(version="v0", parent=None, feedback=[], canary=None,
+                                    kl=None, update_step=0), self._learner_state())
+    else:   # a restart: the serving version and the learner's state as they were
+      self.state = jax.device_get(versions.load(versions.serving, self._abstract))
+    self.version = versions.serving
+
+  @property
+  def params(self):
+    return self.state.params
+
+  def _learner_state(self) -> dict:
+    return dict(counters=dict(self.counters), rejections=self.rejections[-20:],
+                settings=self.settings.to_dict())
+
+  # ---- on the event loop ---------------------------------------------------------------------------
+  def add(self, rid: str, key: str | None, score: float, episode: rollout.Episode) -> None:
+    """A served episode whose feedback `score` arrived: its last reward gains the score; an
+    update starts once `every` episodes can fill one."""
+    episode.rewards[-1] += float(score)
+    episode.utility = float(score)
+    self.pending.append(Pending(rid, key, float(score), episode))
+    self.counters["feedback"] += 1
+    drop = len(self.pending) - self.settings.max_pending
+    if drop > 0:
+      self.counters["dropped_pending"] += drop
+      del self.pending[:drop]
+    self._maybe_start()
+
+  def _maybe_start(self) -> None:
+    if self._closing or (self._task is not None and not self._task.done()):
+      return
+    taken = select(self.pending, self.settings.every, self.settings.key_cap)
+    if taken is None:
+      return
+    chosen = [self.pending[i] for i in taken]
+    keep = set(taken)
+    self.pending = [p for i, p in enumerate(self.pending) if i not in keep]
+    history = self.history()
+    view = history.view() if history is not None else None
+    self.updating = True
+    self._task = asyncio.get_running_loop().create_task(self._cycle(chosen, view))
+
+  async def _cycle(self, chosen: list[Pending], view) -> None:
+    loop = asyncio.get_running_loop()
+    try:
+      outcome = await loop.run_in_executor(self._thread, self._update, chosen, view)
+    except Exception:   # a failed update must not stop the server; it is logged and counted
+      self.counters["update_errors"] += 1
+      _log.exception("online update failed")
+      outcome = None
+    finally:
+      self.updating = False
+    if outcome is not None and outcome["accepted"]:
+      self.state, self.version = outcome["state"], outcome["version"]
+      self.swap(self.state.params, self.version)
+    self._task = None   # this cycle is over: the next may start (episodes may be waiting)
+    self._maybe_start()
+
+  async def rollback(self, version: str) -> dict:
+    """Serves `version` again (after any update in progress). Raises KeyError when unknown."""
+    if self.versions.get(version) is None:
+      raise KeyError(version)
+    if self._task is not None and not self._task.done():
+      await asyncio.shield(self._task)
+    loop = asyncio.get_running_loop()
+    state = await loop.run_in_executor(self._thread, self.versions.load, version, self._abstract)
+    self.counters["rollbacks"] += 1
+    await loop.run_in_executor(self._thread, self.versions.set_serving, version,
+                               self._learner_state())
+    self.state, self.version = jax.device_get(state), version
+    self.swap(self.state.params, version)
+    return self.versions.get(version)
+
+  def info(self) -> dict:
+    return dict(version=self.version, learning=True, updating=self.updating,
+                pending=len(self.pending), versions=len(self.versions.versions()),
+                counters=dict(self.counters), settings=self.settings.to_dict())
+
+  async def aclose(self) -> None:
+    """Lets an update in progress finish (and be recorded); starts no other."""
+    self._closing = True
+    if self._task is not None and not self._task.done():
+      try:
+        await self._task
+      except Exception:
+        pass
+    self._thread.shutdown(wait=True)
+
+  # ---- in the learner thread ------------------------------------------------------------------------
+  def warm_up(self, obs: dict, view) -> None:
+    """Compiles the update, the KL's scoring and the canary's policy before serving (on a batch
+    of copies of one observation; nothing is kept), so the first update takes as long as the
+    others."""
+    action = int(np.flatnonzero(obs["mask"])[0])
+    episode = rollout.Episode(None, None, 0, None, None, None, obs=[obs], actions=[action],
+                              logp=[0.0], values=[0.0], rewards=[0.0])
+    n_rows = len(view) if view is not None else 0
+    episodes = [dataclasses.replace(episode, snapshots=[n_rows])] * self.settings.every
+    batch, hist = batch_lib.build_batch(episodes, view, batch_size=self.batch_size,
+                                        num_episodes=self.settings.every,
+                                        max_calls=self.max_calls, num_hubs=self.space.size)
+    state = jax.tree_util.tree_map(jnp.array, self.state)
+    jax.block_until_ready(self.update(state, self.hub_features, hist, batch))
+    self._logits(self.state.params, batch.transitions["obs"], view)
+    self.canary(self.state.params, view)
+
+  def _update(self, chosen: list[Pending], view) -> dict:
+    """One guarded update of the serving weights from `chosen` episodes; returns
+    {accepted, version, state} (accepted) or {accepted: False, reason}."""
+    t0 = time.perf_counter()
+    s = self.settings
+    n_rows = len(view) if view is not None else 0
+    episodes = [dataclasses.replace(p.episode, snapshots=[n_rows] * len(p.episode.actions))
+                for p in chosen]
+    batch, hist = batch_lib.build_batch(episodes, view, batch_size=self.batch_size,
+                                        num_episodes=s.every, max_calls=self.max_calls,
+                                        num_hubs=self.space.size)
+    old = self.state
+    start = ppo.TrainingState(params=jax.tree_util.tree_map(jnp.array, old.params),
+                              opt_state=jax.tree_util.tree_map(jnp.array, old.opt_state),
+                              rng=jnp.array(old.rng), update_step=jnp.array(old.update_step))
+    new, metrics = self.update(start, self.hub_features, hist, batch)
+    new = jax.device_get(new)
+    self.counters["updates"] += 1
+    feedback = [dict(id=p.rid, key=p.key, score=p.score) for p in chosen]
+    base = dict(parent=self.version, feedback=feedback, update_step=int(new.update_step),
+                update=dict({k: float(v) for k, v in jax.device_get(metrics).items()},
+                            seconds=time.perf_counter() - t0))
+    verdict = self.judge(old.params, new.params, batch.transitions["obs"],
+                         batch.transitions["weights"], view)
+    base.update(kl=verdict["kl"], canary=verdict["canary"])
+    if verdict["reason"] is not None:
+      return self._reject(verdict["reason"], base, verdict["why"])
+    kl, canary = verdict["kl"], verdict["canary"]
+    version = self.versions.next_id()
+    self.counters["accepted"] += 1
+    record = self.versions.add(new, dict(base, version=version), self._learner_state())
+    _log.info("router version %s accepted (parent %s, %d feedbacks, KL %.4g, canary %.4f vs "
+              "%.4f)", version, self.version, len(chosen), kl, canary["candidate"],
+              canary["parent"])
+    return dict(accepted=True, version=version, state=new, record=record)
+
+  def judge(self, serving, candidate, obs: dict, weights: np.ndarray, view) -> dict:
+    """The KL and canary guards on `candidate` against the `serving` weights: {kl, canary
+    (parent and candidate rewards; None when the KL guard already refused), reason (None: the
+    candidate may serve; "kl" or "canary"), why}. obs, weights: the update's decisions."""
+    s = self.settings
+    kl = policy_kl(self._logits(serving, obs, view), self._logits(candidate, obs, view),
+                   obs["mask"], weights)
+    out = dict(kl=kl, canary=None, reason=None, why="")
+    if kl > s.max_kl:
+      return dict(out, reason="kl", why=f"KL {kl:.4g} > max_kl {s.max_kl:g}")
+    old, new = self.canary(serving, view), self.canary(candidate, view)
+    out["canary"] = dict(parent=old, candidate=new, queries=len(self.canary_queries))
+    if new < old - s.canary_margin:
+      return dict(out, reason="canary", why=f"canary reward {new:.4f} < serving {old:.4f} - "
+                  f"margin {s.canary_margin:g}")
+    return out
+
+  def _reject(self, reason: str, base: dict, why: str) -> dict:
+    self.counters[f"rejected_{reason}"] += 1
+    self.rejections.append(dict(base, reason=reason, created=time.time(),
+                                feedback=[f["id"] for f in base["feedback"]]))
+    self.rejections = self.rejections[-20:]
+    _log.warning("candidate router rejected (%s): %s; serving %s stays", reason, why,
+                 self.version)
+    try:
+      self.versions.set_learner(self._learner_state())
+    except OSError as e:   # the counters are kept in RAM; the next write records them
+      _log.error("learner state not written: %s", e)
+    return dict(accepted=False, reason=reason)
+
+  def _logits(self, params, obs: dict, view) -> np.ndarray:
+    self.runner.set_params(params, view)
+    return self.runner.scores(obs)[0]
+
+  def canary(self, params, view) -> float:
+    """Mean reward (expected utility - alpha x cost) of greedy episodes of the canary queries
+    with `params` over the memory `view` (frozen: the episodes do not join it)."""
+    self.runner.set_params(params, view)
+    episodes = asyncio.run(rollout.run_episodes(
+        self.canary_env, self.featurizer, self.runner, self.canary_queries,
+        key=jax.random.PRNGKey(0), greedy=True, history=view, grow_history=False,
+        seed_salt="canary"))
+    return float(np.mean([e.episode_return for e in episodes]))

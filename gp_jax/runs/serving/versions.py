@@ -1,0 +1,128 @@
+"""The router versions of a learning server: each accepted version an orbax checkpoint with its
+provenance, and one index that says which versions exist and which one serves.
+
+Layout under the served-state folder (next to the memory):
+
+  router_versions/index.json     {"versions": [{version, parent, created, feedback, canary,
+                                  kl, update_step}, ...], "serving": version id, "learner": {...}}
+  router_versions/<version>/     gp_jax/rl/checkpoint.Checkpointer folder: step 0 of "latest"
+                                 holds the learner's TrainingState (params, optimizer state,
+                                 PRNG key, update count) and the provenance as its metadata
+
+The index is the commit point: a version is accepted once its checkpoint is complete (orbax
+writes into a temporary folder and renames it, then the integrity record) and the index naming
+it is replaced atomically (files.write_json). A kill at any moment leaves the previous index,
+whose versions are all complete; a folder the index does not name (a version killed while being
+written) is deleted when the store opens. Version "v0" is the trained checkpoint the server
+started from.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import pathlib
+import shutil
+import time
+
+import jax
+import numpy as np
+
+from gp_jax import errors
+from gp_jax import files
+from gp_jax.graph import history as history_lib
+from gp_jax.rl import checkpoint as checkpoint_lib
+
+INDEX = "index.json"
+FOLDER = "router_versions"
+_log = logging.getLogger(__name__)
+
+
+class VersionStore:
+  """Accepted versions under `directory` (module docstring).
+
+  Args:
+    directory: the versions folder (created).
+    row_dim, num_hubs: the history row layout (a checkpoint holds an empty history).
+  """
+
+  def __init__(self, directory: str | pathlib.Path, *, row_dim: int, num_hubs: int):
+    self.directory = pathlib.Path(directory)
+    try:
+      self.directory.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+      raise errors.StorageError(f"cannot create the router versions folder {self.directory}: "
+                                f"{e.strerror or e}") from None
+    self._empty = lambda: history_lib.HistoryMemory(row_dim, num_hubs, capacity=0)
+    path = self.directory / INDEX
+    self.index = (errors.read_json(path, "router versions index") if path.exists()
+                  else dict(versions=[], serving=None, learner={}))
+    if not isinstance(self.index, dict) or not isinstance(self.index.get("versions"), list):
+      raise errors.DataError(f"{path}: not a router versions index")
+    known = {v["version"] for v in self.index["versions"]}
+    for p in self.directory.iterdir():   # versions killed while being written
+      if p.is_dir() and p.name not in known:
+        _log.warning("removing router version folder %s (not in the index: its write did not "
+                     "finish)", p.name)
+        shutil.rmtree(p, ignore_errors=True)
+
+  @property
+  def serving(self) -> str | None:
+    return self.index.get("serving")
+
+  @property
+  def learner(self) -> dict:
+    return dict(self.index.get("learner") or {})
+
+  def versions(self) -> list[dict]:
+    return [dict(v) for v in self.index["versions"]]
+
+  def get(self, version: str) -> dict | None:
+    return next((dict(v) for v in self.index["versions"] if v["version"] == version), None)
+
+  def next_id(self) -> str:
+    return f"v{len(self.index['versions'])}"
+
+  def add(self, state, record: dict, learner: dict) -> dict:
+    """Writes `state` (a TrainingState) as version record["version"], then the index naming it
+    as accepted and serving. Raises StorageError (the index is unchanged)."""
+    version = record["version"]
+    if self.get(version) is not None:
+      raise ValueError(f"router version {version} exists")
+    record = dict(record, created=record.get("created", time.time()))
+    ckpt = checkpoint_lib.Checkpointer(self.directory / version)
+    try:
+      ckpt.save(0, jax.device_get(state), self._empty(), dict(record, best_iteration=0))
+    finally:
+      ckpt.close()
+    index = dict(self.index, versions=self.index["versions"] + [record], serving=version,
+                 learner=dict(learner))
+    self._write(index)
+    return record
+
+  def set_serving(self, version: str, learner: dict) -> None:
+    if self.get(version) is None:
+      raise KeyError(version)
+    self._write(dict(self.index, serving=version, learner=dict(learner)))
+
+  def set_learner(self, learner: dict) -> None:
+    self._write(dict(self.index, learner=dict(learner)))
+
+  def _write(self, index: dict) -> None:
+    files.write_atomic(self.directory / INDEX, json.dumps(index), "the router versions index",
+                       durable=True)
+    self.index = index
+
+  def load(self, version: str, abstract_state):
+    """The TrainingState of `version` (structure of `abstract_state`). Raises KeyError for an
+    unknown version, DataError for a damaged one."""
+    if self.get(version) is None:
+      raise KeyError(version)
+    ckpt = checkpoint_lib.Checkpointer(self.directory / version, read_only=True)
+    try:
+      out = ckpt.restore(jax.tree_util.tree_map(np.asarray, abstract_state), self._empty())
+    finally:
+      ckpt.close()
+    if out is None:
+      raise errors.DataError(f"router version {version} has no checkpoint in "
+                             f"{self.directory / version}")
+    return out[0]

@@ -1,0 +1,329 @@
+"""Learning while serving (serve_router --learn, gp_jax/runs/serving/online.py): real server
+processes on the simulator serving conftest.py's `workdir`, spoken to with the official `openai`
+client and raw HTTP; the guards' verdicts and the key-share selection in process."""
+import asyncio
+import collections
+import dataclasses
+import json
+import signal
+import time
+import urllib.error
+import urllib.request
+
+import jax
+import numpy as np
+import openai
+import pytest
+
+from experiments.configs import test as test_config
+from gp_jax.graph import features as features_lib
+from gp_jax.rl import loop as rl_loop
+from gp_jax.runs import ppo_config
+from gp_jax.runs.serving import auth
+from gp_jax.runs.serving import online
+from experiments import serve_router_process as process
+from gp_jax.runs.serving import session as session_lib
+from gp_jax.runs.serving import versions as versions_lib
+
+KEYS = {"alice": ("alice-secret", "client"), "bob": ("bob-secret", "client"),
+        "ops": ("ops-secret", "admin")}
+LLMS = test_config.get_config().llms.split(",")
+WORDS = ("apples", "pens", "cars", "cups", "bags", "keys", "coins", "books")
+
+
+def _queries(n: int, tag: str) -> list[str]:
+  return [f"How many {WORDS[i % len(WORDS)]} are there in {i + 2} boxes of {i + 3}? ({tag} {i})"
+          for i in range(n)]
+
+
+def _http(url: str, path: str, *, body=None, raw: bytes | None = None, key: str | None = None,
+          content_type: str = "application/json"):
+  """(status, body as JSON or text) of one request (POST when a body is given)."""
+  data = raw if raw is not None else (json.dumps(body).encode() if body is not None else None)
+  headers = {"Content-Type": content_type}
+  if key is not None:
+    headers["Authorization"] = f"Bearer {key}"
+  req = urllib.request.Request(url + path, data=data, headers=headers)
+  try:
+    with urllib.request.urlopen(req, timeout=120) as r:
+      status, out = r.status, r.read()
+  except urllib.error.HTTPError as e:
+    status, out = e.code, e.read()
+  try:
+    return status, json.loads(out)
+  except ValueError:
+    return status, out.decode()
+
+
+def _ask(url: str, key: str, texts: list[str], seed: int | None = None) -> list:
+  """Chat completions of `texts`, concurrently, with the official async client."""
+  async def run():
+    client = openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=120)
+    try:
+      kw = {} if seed is None else dict(seed=seed)
+      return await asyncio.gather(*[client.chat.completions.create(
+          model="graphplanner", messages=[{"role": "user", "content": t}], **kw) for t in texts])
+    finally:
+      await client.close()
+  return asyncio.run(run())
+
+
+def _ext(c) -> dict:
+  return c.model_extra["graphplanner"]
+
+
+def _feedback(url: str, key: str | None, completions, score) -> None:
+  for c in completions:
+    status, body = _http(url, "/v1/feedback", body=dict(id=c.id, score=score(c)), key=key)
+    assert status == 200, body
+
+
+def _idle(url: str, key: str | None, timeout_s: float = 300.0) -> dict:
+  """/health's router part once no update runs (an update starts inside the feedback request
+  that makes one possible, and the next at the end of the one before, so idle stays idle)."""
+  t0 = time.monotonic()
+  while time.monotonic() - t0 < timeout_s:
+    status, h = _http(url, "/health", key=key)
+    assert status == 200, h
+    if not h["router"]["updating"]:
+      return h["router"]
+    time.sleep(0.2)
+  raise AssertionError("the learner is still updating")
+
+
+def _uses(c, llm: str) -> bool:
+  return all(s["llm"] == llm for s in _ext(c)["route"])
+
+
+def _share(c, llm: str) -> float:
+  """The share of a completion's calls that `llm` made."""
+  return float(np.mean([s["llm"] == llm for s in _ext(c)["route"]]))
+
+
+# ---- in process ------------------------------------------------------------------------------------
+def test_select_caps_each_keys_share_of_an_update():
+  P = lambda key: online.Pending("id", key, 1.0, None)
+  pending = [P("a")] * 10 + [P("b")] * 3 + [P(None)] * 2
+  assert online.select(pending, 8, 4) == [0, 1, 2, 3, 10, 11, 12, 13]
+  assert online.select(pending[:10], 8, 4) is None          # one key cannot fill an update
+  assert online.select([P(None)] * 8, 8, 1) == list(range(8))   # no key: not capped
+  assert online.LearnSettings(every=8, max_key_share=0.5).key_cap == 4
+  assert online.LearnSettings(every=8, max_key_share=0.01).key_cap == 1
+  for bad in (dict(every=0), dict(explore=1.5), dict(max_kl=0.0), dict(max_key_share=0.0),
+              dict(canary_margin=-1.0), dict(every=8, max_pending=4)):
+    with pytest.raises(Exception, match="invalid learning settings"):
+      online.LearnSettings(**bad)
+
+
+def test_policy_kl_is_zero_for_equal_logits_and_ignores_masked_actions():
+  rng = np.random.default_rng(0)
+  a = rng.normal(size=(4, 6))
+  mask = np.ones((4, 6), bool)
+  mask[:, 5] = False
+  w = np.array([1, 1, 1, 0], np.float32)
+  assert online.policy_kl(a, a, mask, w) == pytest.approx(0.0, abs=1e-12)
+  b = a.copy()
+  b[:, 5] += 100.0   # a masked action's logit (the policy gives it -1e9 anyway)
+  b[3] += rng.normal(size=6)   # a padding row
+  a_m, b_m = np.where(mask, a, -1e9), np.where(mask, b, -1e9)
+  assert online.policy_kl(a_m, b_m, mask, w) == pytest.approx(0.0, abs=1e-12)
+  c = np.where(mask, a + rng.normal(size=a.shape), -1e9)
+  assert online.policy_kl(a_m, c, mask, w) > 0.01
+
+
+def test_canary_guard_rejects_a_worse_candidate_and_kl_guard_a_far_one(workdir, tmp_path):
+  """The guards on real weights: the trained router and an untrained one, each scored on the
+  canary by the simulator; whichever is worse is refused as a candidate against the other when
+  the gap exceeds the margin, and accepted when it is within it."""
+  config = session_lib.load_config(workdir)
+  settings = online.LearnSettings(every=4, explore=0.0, canary_size=4, max_kl=1e6,
+                                  canary_margin=0.0)
+  s = session_lib.RouterSession(config, workdir, max_concurrency=4, learn=settings,
+                                versions_dir=tmp_path / "versions")
+
+  async def serve():
+    return await asyncio.gather(*[s.complete(t) for t in _queries(4, "canary")])
+  try:
+    asyncio.run(serve())
+    learner = s.learner
+    obs = features_lib.stack([o for e in s._trajectories.values() for o in e.obs])
+    weights = np.ones(len(obs["mask"]), np.float32)
+    trained = learner.params
+    other = rl_loop.init_state(s.model, s.featurizer, ppo_config.make_optimizer(config),
+                               seed=123).params
+    other = jax.device_get(other)
+    view = s.history.view()
+    score = {"trained": learner.canary(trained, view), "untrained": learner.canary(other, view)}
+    assert score["trained"] != score["untrained"]
+    better, worse = sorted(score, key=score.get, reverse=True)
+    params = {"trained": trained, "untrained": other}
+    gap = score[better] - score[worse]
+    learner.settings = dataclasses.replace(settings, canary_margin=gap / 2)
+    v = learner.judge(params[better], params[worse], obs, weights, view)
+    assert v["reason"] == "canary", v
+    assert v["canary"]["candidate"] == pytest.approx(score[worse])
+    assert v["canary"]["parent"] == pytest.approx(score[better])
+    assert learner.judge(params[worse], params[better], obs, weights, view)["reason"] is None
+    learner.settings = dataclasses.replace(settings, canary_margin=2 * gap)
+    assert learner.judge(params[better], params[worse], obs, weights, view)["reason"] is None
+    learner.settings = dataclasses.replace(settings, max_kl=1e-6)
+    v = learner.judge(params[better], params[worse], obs, weights, view)
+    assert v["reason"] == "kl" and v["kl"] > 1e-6 and v["canary"] is None
+  finally:
+    asyncio.run(s.aclose())
+
+
+def test_learning_needs_a_versions_folder_and_a_learnable_mode(workdir):
+  config = session_lib.load_config(workdir)
+  with pytest.raises(Exception, match="--memory_path"):
+    session_lib.RouterSession(config, workdir, max_concurrency=2,
+                              learn=online.LearnSettings(every=4))
+
+
+# ---- a learning server with keys -----------------------------------------------------------------------
+@pytest.fixture(scope="module")
+def keyed(workdir, tmp_path_factory):
+  """A learning server with client keys alice and bob and admin ops; each key may be at most half
+  of an 8-episode update; the KL and canary guards wide open (this server tests the learning and
+  the key share; the guards have their own tests)."""
+  state = tmp_path_factory.mktemp("learn-keyed")
+  keys = state / "keys.json"
+  keys.write_text(json.dumps({"keys": [
+      {"name": n, "sha256": auth.key_digest(k), "role": r} for n, (k, r) in KEYS.items()]}))
+  srv = process.RouterProcess([
+      f"--workdir={workdir}", f"--memory_path={state / 'memory.npz'}", f"--api_keys_file={keys}",
+      "--learn", "--learn_every=8", "--learn_explore=0.5", "--learn_max_key_share=0.5",
+      "--learn_max_kl=1000", "--learn_canary_margin=1000", "--learn_canary_size=4"],
+      state / "server.log").start()
+  yield srv, state
+  srv.stop()
+
+
+def test_new_endpoints_refuse_callers_and_bad_bodies(keyed):
+  srv, _ = keyed
+  url = srv.url
+  alice, ops = KEYS["alice"][0], KEYS["ops"][0]
+  assert _http(url, "/v1/router/versions")[0] == 401
+  assert _http(url, "/v1/router/rollback", body={"version": "v0"})[0] == 401
+  assert _http(url, "/v1/router/versions", key=alice)[0] == 403
+  assert _http(url, "/v1/router/rollback", body={"version": "v0"}, key=alice)[0] == 403
+  assert _http(url, "/v1/router/versions", key="wrong")[0] == 401
+  status, body = _http(url, "/v1/router/rollback", raw=b"version=v0", key=ops,
+                       content_type="text/plain")
+  assert status == 415, body
+  for raw in (b"{", b"[1]", b'{"version": 3}', b'{"version": ""}', b"{}",
+              b'{"version": "v0", "also": 1}'):
+    status, body = _http(url, "/v1/router/rollback", raw=raw, key=ops)
+    assert status == 400 and body["error"]["type"] == "invalid_request_error", (raw, body)
+  status, body = _http(url, "/v1/router/rollback", body={"version": "v99"}, key=ops)
+  assert status == 404 and body["error"]["code"] == "unknown_version"
+  status, body = _http(url, "/v1/router/versions", key=ops)
+  assert status == 200 and body["serving"] == "v0" and body["data"][0]["version"] == "v0"
+  assert "/" not in json.dumps(_http(url, "/health", key=ops)[1]["router"])
+
+
+def test_feedback_favouring_one_llm_shifts_routing_there_within_the_key_share(keyed):
+  srv, _ = keyed
+  url = srv.url
+  alice, bob, ops = (KEYS[k][0] for k in ("alice", "bob", "ops"))
+  probe = _queries(32, "probe")
+
+  def greedy() -> list:   # the completions whose decisions were greedy (about half)
+    out = [c for c in _ask(url, ops, probe, seed=3) if not _ext(c)["explored"]]
+    assert len(out) >= 4
+    return out
+
+  first = greedy()
+  before = {llm: float(np.mean([_share(c, llm) for c in first])) for llm in LLMS}
+  target = min(LLMS, key=before.get)   # the LLM the trained router uses least
+  favour = lambda c: _share(c, target)   # the share of its calls the favoured LLM made
+  for r in range(4):   # alice sends three times bob's feedback: she is capped at half an update
+    _feedback(url, alice, _ask(url, alice, _queries(12, f"alice {r}")), favour)
+    _feedback(url, bob, _ask(url, bob, _queries(4, f"bob {r}")), favour)
+  router = _idle(url, ops)
+  probes = greedy()
+  after = float(np.mean([_share(c, target) for c in probes]))
+  assert router["counters"]["accepted"] >= 3, router
+  assert after >= before[target] + 0.4, (target, before, after)
+  assert {_ext(c)["version"] for c in probes} == {router["version"]}
+  # The per-key share: no version learned from more than 4 of one key's 8 episodes, and
+  # alice's surplus waits.
+  status, listed = _http(url, "/v1/router/versions", key=ops)
+  assert status == 200 and listed["serving"] == router["version"]
+  learned = [v for v in listed["data"] if v["version"] != "v0"]
+  assert len(learned) == router["counters"]["accepted"]
+  for v in learned:
+    per_key = collections.Counter(f["key"] for f in v["feedback"])
+    assert len(v["feedback"]) == 8 and max(per_key.values()) <= 4, per_key
+    assert v["parent"] is not None and v["canary"]["queries"] == 4
+  assert router["pending"] >= 16   # 48 of alice's, 16 of bob's: at most 16 + 16 learned
+  metrics = _http(url, "/metrics", key=ops)[1]
+  assert f"gp_router_learner_accepted_total {float(router['counters']['accepted'])}" in metrics
+
+
+# ---- versions: rollback, restart, kill -9 ----------------------------------------------------------------
+def test_rollback_restart_and_kill_during_an_update(workdir, tmp_path):
+  state = tmp_path / "state"
+  args = [f"--workdir={workdir}", f"--memory_path={state / 'memory.npz'}", "--learn",
+          "--learn_every=4", "--learn_explore=0", "--learn_max_kl=1000",
+          "--learn_canary_margin=1000", "--learn_canary_size=4"]
+  probe = _queries(6, "probe")
+  llm = LLMS[0]
+  favour = lambda c: 1.0 if _uses(c, llm) else 0.2
+
+  def routes(url):
+    out = _ask(url, "unused", probe, seed=5)
+    return [[(s["role"], s["llm"]) for s in _ext(c)["route"]] for c in out], out
+
+  srv = process.RouterProcess(args, tmp_path / "server1.log").start()
+  try:
+    _feedback(srv.url, None, _ask(srv.url, "unused", _queries(4, "first")), favour)
+    router = _idle(srv.url, None)
+    assert router["version"] == "v1" and router["counters"]["accepted"] == 1, router
+    at_v1, out = routes(srv.url)
+    assert {_ext(c)["version"] for c in out} == {"v1"}
+    status, body = _http(srv.url, "/v1/router/rollback", body={"version": "v0"})
+    assert status == 200 and body["serving"] == "v0" and body["version"] == "v0"
+    at_v0, out = routes(srv.url)
+    assert {_ext(c)["version"] for c in out} == {"v0"}
+    status, body = _http(srv.url, "/v1/router/rollback", body={"version": "v1"})
+    assert status == 200 and body["serving"] == "v1"
+    again, _ = routes(srv.url)
+    assert again == at_v1   # the exact decisions of v1, after serving v0 in between
+    assert _http(srv.url, "/v1/router/rollback", body={"version": "v0"})[0] == 200
+    assert routes(srv.url)[0] == at_v0
+    assert _http(srv.url, "/v1/router/rollback", body={"version": "v1"})[0] == 200
+  finally:
+    srv.stop()
+  # A clean restart resumes the serving version and the learner's counters.
+  srv = process.RouterProcess(args, tmp_path / "server2.log").start()
+  try:
+    router = _idle(srv.url, None)
+    assert router["version"] == "v1" and router["counters"]["accepted"] == 1
+    assert router["counters"]["rollbacks"] == 4
+    assert routes(srv.url)[0] == at_v1
+    # kill -9 while the next update runs (its first run in this process compiles: seconds).
+    _feedback(srv.url, None, _ask(srv.url, "unused", _queries(4, "second")), favour)
+    status, h = _http(srv.url, "/health")
+    assert h["router"]["updating"], h["router"]
+    srv.stop(signal.SIGKILL)
+  finally:
+    srv.stop()
+  index = json.loads((state / versions_lib.FOLDER / versions_lib.INDEX).read_text())
+  assert index["serving"] == "v1" and [v["version"] for v in index["versions"]] == ["v0", "v1"]
+  tight = args + ["--learn_max_kl=1e-9"]   # the next update is refused by the KL guard
+  srv = process.RouterProcess(tight, tmp_path / "server3.log").start()
+  try:
+    assert not (state / versions_lib.FOLDER / "v2").exists()
+    router = _idle(srv.url, None)
+    assert router["version"] == "v1" and router["versions"] == 2
+    assert routes(srv.url)[0] == at_v1
+    _feedback(srv.url, None, _ask(srv.url, "unused", _queries(4, "third")), favour)
+    router = _idle(srv.url, None)
+    assert router["version"] == "v1" and router["counters"]["rejected_kl"] == 1, router
+    metrics = _http(srv.url, "/metrics")[1]
+    assert 'gp_router_learner_rejected_total{reason="kl"} 1.0' in metrics
+    listed = _http(srv.url, "/v1/router/versions")[1]
+    assert listed["rejected"][-1]["reason"] == "kl" and len(listed["data"]) == 2
+  finally:
+    srv.stop()
