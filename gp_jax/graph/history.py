@@ -196,26 +196,27 @@ class HubStats:
       out[:, j] = np.bincount(hubs, weights=vals[:, j], minlength=self.num_hubs)[:self.num_hubs]
     return out
 
-  def add(self, rows: np.ndarray, hubs: np.ndarray) -> None:
-    """Rows [m, F] of hubs [m] join at the new end (in this order); padding hubs (>= A) skipped."""
+  def _real(self, rows, hubs):
+    """The rows and hubs of real hubs (padding hubs >= A dropped) and each hub's count of them."""
     hubs = np.asarray(hubs, np.int64)
     keep = hubs < self.num_hubs
-    rows, hubs = np.asarray(rows)[keep], hubs[keep]
+    hubs = hubs[keep]
+    return np.asarray(rows)[keep], hubs, np.bincount(hubs, minlength=self.num_hubs)[:self.num_hubs]
+
+  def add(self, rows: np.ndarray, hubs: np.ndarray) -> None:
+    """Rows [m, F] of hubs [m] join at the new end (in this order); padding hubs (>= A) skipped."""
+    rows, hubs, m = self._real(rows, hubs)
     if not len(hubs):
       return
-    m = np.bincount(hubs, minlength=self.num_hubs)[:self.num_hubs]
     rank = m[hubs] - 1 - within_hub_position(hubs)
     self.sums = self.sums * (self.recency ** m)[:, None] + self._terms(rows, hubs, rank)
     self.n += m
 
   def remove(self, rows: np.ndarray, hubs: np.ndarray) -> None:
     """Rows [m, F] of hubs [m] leave at the old end: they are each hub's oldest rows, in order."""
-    hubs = np.asarray(hubs, np.int64)
-    keep = hubs < self.num_hubs
-    rows, hubs = np.asarray(rows)[keep], hubs[keep]
+    rows, hubs, m = self._real(rows, hubs)
     if not len(hubs):
       return
-    m = np.bincount(hubs, minlength=self.num_hubs)[:self.num_hubs]
     if np.any(m > self.n):
       raise ValueError("removing more rows of a hub than it holds")
     rank = self.n[hubs].astype(np.int64) - 1 - within_hub_position(hubs)
