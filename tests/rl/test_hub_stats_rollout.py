@@ -19,6 +19,7 @@ from gp_jax.runs import train as training
 
 def test_update_sees_the_statistics_each_decision_read():
   cfg = test_config.get_config()
+  cfg.model.row_layout = 2                  # opt-in; the default stays layout 1
   assert training.row_layout(cfg) == 2
   sysm = system_lib.build(cfg)
   feat = sysm.featurizer

@@ -91,7 +91,8 @@ class VersionStore:
     record = dict(record, created=record.get("created", time.time()))
     ckpt = checkpoint_lib.Checkpointer(self.directory / version)
     try:
-      ckpt.save(0, jax.device_get(state), self._empty(), dict(record, best_iteration=0))
+      ckpt.save(checkpoint_lib.Write(step=0, state=jax.device_get(state), history=self._empty(),
+                                      meta=dict(record, best_iteration=0)))
     finally:
       ckpt.close()
     index = dict(self.index, versions=self.index["versions"] + [record], serving=version,
@@ -125,4 +126,4 @@ class VersionStore:
     if out is None:
       raise errors.DataError(f"router version {version} has no checkpoint in "
                              f"{self.directory / version}")
-    return out[0]
+    return out.state

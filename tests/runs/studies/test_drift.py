@@ -227,6 +227,7 @@ def test_tiny_study_every_arm_a_failing_llm_and_resume(tmp_path, capsys):
   12: every arm is in the cell; the routers that keep routing to the failed LLM get nothing from
   query 4 on; the optimum is the ceiling of every arm in every window; a rerun skips the cells."""
   c = _tiny_config("fail,join")
+  c.model.row_layout = 2          # opt-in (layout 1 is the default): its online rows are labelled
   c.study.drift_llm = _best_single_llm(c)
   work = tmp_path / "drift"
   res = drift.DriftRunner(c, work).run([0])
