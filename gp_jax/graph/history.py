@@ -17,6 +17,7 @@ import dataclasses
 import numpy as np
 
 from gp_jax import errors
+from gp_jax.util import buckets as buckets_lib
 
 MIN_BUCKET = 4096
 GROWTH = 2
@@ -26,12 +27,11 @@ ALIGN = 512
 def bucket(n: int, limit: int | None = None) -> int:
   """Padded row count: the smallest MIN_BUCKET * GROWTH**j >= n, or `limit` rounded up to ALIGN
   when that is smaller and still >= n (the memory never holds more than limit rows)."""
-  b = MIN_BUCKET
-  while b < n:
-    b *= GROWTH
+  sizes = buckets_lib.geometric(MIN_BUCKET, GROWTH, n)
   if limit is not None and n <= limit:
-    b = min(b, max(ALIGN, -(-limit // ALIGN) * ALIGN))
-  return b
+    cap = max(ALIGN, -(-limit // ALIGN) * ALIGN)
+    sizes = tuple(s for s in sizes if s < cap) + (cap,)
+  return buckets_lib.bucket(n, sizes)
 
 
 @dataclasses.dataclass

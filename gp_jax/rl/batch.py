@@ -146,14 +146,6 @@ def padding_buckets(max_size: int, unit: int) -> list[int]:
   return sizes
 
 
-def padded_size(n: int, sizes: list[int]) -> int:
-  """The smallest of `sizes` that holds n transitions."""
-  for size in sizes:
-    if size >= n:
-      return size
-  raise ValueError(f"{n} transitions exceed the batch size {sizes[-1]}")
-
-
 def build_batch(episodes: Sequence[Any], history: history_lib.HistoryMemory | None, *,
                 batch_size: int, num_episodes: int, max_calls: int,
                 num_hubs: int) -> tuple[Batch, dict]:

@@ -9,6 +9,7 @@ from experiments.configs import test as test_config
 from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import loop as loop_lib
 from gp_jax.runs import train as training
+from gp_jax.util import buckets as buckets_lib
 
 
 @pytest.mark.parametrize("devices", [1, 4])
@@ -20,7 +21,7 @@ def test_buckets_waste_at_most_a_quarter(devices):
   assert sizes[-1] == top and sizes == sorted(set(sizes))
   assert all(s % unit == 0 for s in sizes)
   for n in range(1, top + 1):
-    size = batch_lib.padded_size(n, sizes)
+    size = buckets_lib.bucket(n, sizes)
     assert size >= n
     if n > 3 * unit:
       assert (size - n) / size <= batch_lib.MAX_WASTE, (n, size)
@@ -28,7 +29,7 @@ def test_buckets_waste_at_most_a_quarter(devices):
       assert size - n < unit
   assert len(sizes) <= 12   # few shapes, so few compilations
   with pytest.raises(ValueError, match="exceed"):
-    batch_lib.padded_size(top + 1, sizes)
+    buckets_lib.bucket(top + 1, sizes)
 
 
 def test_bucketed_run_compiles_once_per_padded_size(tmp_path):
@@ -61,10 +62,10 @@ def test_bucket_size_grows_at_once_and_never_shrinks():
     size = loop_lib._padded_size(loop, size, n)
     sizes.append(size)
   assert sizes == [256, 320, 320, 320, 416, 416]
-  assert all(s >= batch_lib.padded_size(n, buckets) for s, n in zip(sizes, (200, 300, 150, 100,
+  assert all(s >= buckets_lib.bucket(n, buckets) for s, n in zip(sizes, (200, 300, 150, 100,
                                                                            330, 100)))
   resumed = loop_lib.LoopState.from_record(loop_lib.LoopState(padded_size=size).record())
   assert loop_lib._padded_size(loop, resumed.padded_size, 100) == 416
-  assert loop_lib._padded_size(loop, 0, 100) == batch_lib.padded_size(100, buckets) == 128
+  assert loop_lib._padded_size(loop, 0, 100) == buckets_lib.bucket(100, buckets) == 128
   fixed = types.SimpleNamespace(buckets=None, batch_size=640)
   assert loop_lib._padded_size(fixed, 0, 100) == 640

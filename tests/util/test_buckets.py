@@ -24,3 +24,17 @@ def test_powers_of_two_reach_the_largest():
   # The knowledge-graph search's old rule: the next power of two of a chunk of <= 256 queries.
   sizes = buckets.powers_of_two(256)
   assert all(buckets.bucket(n, sizes) == 1 << (n - 1).bit_length() for n in range(1, 257))
+
+
+def test_geometric_sizes_and_the_history_rule_on_them():
+  assert buckets.geometric(4096, 2, 1) == (4096,)
+  assert buckets.geometric(4096, 2, 4097) == (4096, 8192)
+  assert buckets.geometric(3, 3, 28) == (3, 9, 27, 81)
+  with pytest.raises(ValueError, match="growth"):
+    buckets.geometric(1, 1, 10)
+  # graph/history's padded rows: a geometric size, cut at the capacity rounded up to ALIGN
+  from gp_jax.graph import history as history_lib
+  B, A = history_lib.MIN_BUCKET, history_lib.ALIGN
+  assert history_lib.bucket(B + 1) == 2 * B
+  assert history_lib.bucket(B + 1, limit=B + 1) == B + A
+  assert history_lib.bucket(100, limit=100) == A

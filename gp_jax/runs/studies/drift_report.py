@@ -24,6 +24,7 @@ import pathlib
 import numpy as np
 
 from gp_jax import errors
+from gp_jax import files
 from gp_jax import stats
 from gp_jax.runs.studies import runner as runner_lib
 from gp_jax.runs.studies.drift import (ARMS, BAND_ARMS, BEST_ROUTER, BEST_SINGLE, ROUTER_PREFIX,
@@ -312,8 +313,5 @@ def write_report(workdir, out=None) -> pathlib.Path:
   out = pathlib.Path(out) if out else workdir / "report.md"
   png = out.with_suffix(".png")
   plot(summarize(cells), png)
-  tmp = out.with_suffix(".tmp")
-  tmp.write_text(markdown(cells, png.name))
-  tmp.replace(out)
-  return out
+  return files.write_atomic(out, markdown(cells, png.name), "the drift report", parents=True)
 
