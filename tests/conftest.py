@@ -1,6 +1,12 @@
-"""Shared fixtures: a small simulated system; the separate stages' markers."""
+"""Shared fixtures: a small simulated system; the separate stages' markers; a shuffled order.
+
+GP_JAX_TEST_SHUFFLE=<seed> runs the collected tests in a random order fixed by the seed (printed
+in the header), so a test that passes only after another one is found:
+    GP_JAX_TEST_SHUFFLE=3 python -m pytest -q tests/runs/serving/test_crash.py
+"""
 import os
 import pathlib
+import random
 
 import jax
 import pytest
@@ -19,7 +25,28 @@ STAGES = {
 }
 
 
+SHUFFLE = "GP_JAX_TEST_SHUFFLE"
+
+
+def _shuffle_seed() -> int | None:
+  value = os.environ.get(SHUFFLE, "")
+  if not value:
+    return None
+  try:
+    return int(value)
+  except ValueError:
+    raise pytest.UsageError(f"{SHUFFLE} must be an integer seed, got {value!r}") from None
+
+
+def pytest_report_header(config):
+  seed = _shuffle_seed()
+  return f"tests shuffled with {SHUFFLE}={seed}" if seed is not None else None
+
+
 def pytest_collection_modifyitems(config, items):
+  seed = _shuffle_seed()
+  if seed is not None:
+    random.Random(seed).shuffle(items)
   for marker, (variable, why, script) in STAGES.items():
     if os.environ.get(variable) == "1":
       continue
