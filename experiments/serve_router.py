@@ -17,7 +17,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments import common
-from experiments.configs import study as study_config
+from experiments import serve_router_process
 from gp_jax import errors
 from gp_jax import files
 from gp_jax.runs.serving import app
@@ -129,11 +129,9 @@ def _served_event() -> pool_events.ServedEvent | None:
     if given:
       raise errors.ConfigError(f"--{', --'.join(given)} need --sim_event")
     return None
-  study = study_config.get_config().study
-  delta = study.drift_delta if _SIM_EVENT_DELTA.value is None else _SIM_EVENT_DELTA.value
-  scale = study.drift_price_scale if _SIM_EVENT_SCALE.value is None else _SIM_EVENT_SCALE.value
-  return pool_events.ServedEvent(_SIM_EVENT.value, _SIM_EVENT_LLM.value or study.drift_llm,
-                                 int(_SIM_EVENT_T.value), float(delta), float(scale))
+  return serve_router_process.drift_event(_SIM_EVENT.value, _SIM_EVENT_T.value,
+                                          _SIM_EVENT_LLM.value, _SIM_EVENT_DELTA.value,
+                                          _SIM_EVENT_SCALE.value)
 
 
 @common.user_errors_exit_2
