@@ -522,29 +522,27 @@ class RouterSession:
                   timing=dict(total_s=total_s, backbone_s=backbone_s,
                               router_s=max(0.0, total_s - backbone_s), compute_s=compute_s,
                               decisions=decisions))
-    if state.final_answer is None or (calls and calls[-1]["error"]):
-      # Unanswered (its backbones failed): the route is logged and kept for feedback all the
-      # same, so a client may report the failure (score 0) to the memory and the learner.
-      await self.log_route(record)
-      if episode is not None:
-        self._keep_trajectory(rid, episode)
-      self._check_answered(state, calls, rid, record["cost_usd"])
     await self.log_route(record)
-    self.counters["served"] += 1
     if episode is not None:
       self._keep_trajectory(rid, episode)
+    self._check_answered(state, record)
+    self.counters["served"] += 1
     return Served(state.final_answer, record)
 
-  def _check_answered(self, state, calls: list[dict], rid: str, cost_usd: float) -> None:
-    """Raises RequestError 502 when the workflow gave no answer (its backbones failed); its
-    headers carry the completion id (x-gp-request-id, for feedback) and the $ cost spent."""
+  def _check_answered(self, state, record: dict) -> None:
+    """Raises RequestError 502 when the workflow gave no answer (its backbones failed). Its route
+    is logged and kept for feedback all the same (a client may report the failure, score 0, to
+    the memory and the learner): the headers carry the completion id (x-gp-request-id) and the
+    $ cost spent."""
+    calls = record["calls"]
     failed = [c["error"] for c in calls if c["error"]]
     if state.final_answer is None or (calls and calls[-1]["error"]):
       self.counters["unservable"] += 1
       kinds = ", ".join(sorted(set(failed))) or "no final answer within the step cap"
       raise RequestError(502, f"the workflow produced no answer: {len(failed)} of {len(calls)} "
                          f"backbone calls failed ({kinds})", "backbone_error",
-                         headers={"x-gp-request-id": rid, "x-gp-cost-usd": f"{cost_usd:.10g}"})
+                         headers={"x-gp-request-id": record["id"],
+                                  "x-gp-cost-usd": f"{record['cost_usd']:.10g}"})
 
   async def _decide(self, obs: dict, rid: str, index: int, q_emb, episode):
     """Decision `index` of request `rid`: greedy, or sampled for an exploring request (with its
