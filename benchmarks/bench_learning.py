@@ -19,8 +19,9 @@ each server, side by side (the learner's updates run in the learning server mean
 
 Targets, written before the run (issue 27, without a pool event): the learning server's reward
 stays within 0.01 of the frozen server's; its overhead p99 per decision is within 1.2x of the
-memory-only server's. Pool events at request t are not part of this script: served requests are
-adopted queries, not the simulated stream's positions the events act on.
+memory-only server's. Pool events at request t: benchmarks/bench_learning_events.py (it
+shares `stream`). An unanswered request (502) scores 0 at the cost it spent; its feedback is 0
+(1 from mallory).
 
   python benchmarks/bench_learning.py [--workdir DIR] [--requests 384] [--window 64] \
       [--clients 8] [--learn_args=--learn_every=32] [--poison 0.2]
