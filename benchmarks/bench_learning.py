@@ -19,8 +19,9 @@ each server, side by side (the learner's updates run in the learning server mean
 
 Targets, written before the run (issue 27, without a pool event): the learning server's reward
 stays within 0.01 of the frozen server's; its overhead p99 per decision is within 1.2x of the
-memory-only server's. Pool events at request t are not part of this script: served requests are
-adopted queries, not the simulated stream's positions the events act on.
+memory-only server's. Pool events at request t: benchmarks/bench_learning_events.py (it
+shares `stream`). An unanswered request (502) scores 0 at the cost it spent; its feedback is 0
+(1 from mallory).
 
   python benchmarks/bench_learning.py [--workdir DIR] [--requests 384] [--window 64] \
       [--clients 8] [--learn_args=--learn_every=32] [--poison 0.2]
@@ -66,9 +67,21 @@ async def stream(url: str, queries, requests: int, clients: int, alpha: float,
     bad = bool(poison_every) and i % poison_every == 0
     client = (clients_by_key["mallory" if bad else HONEST[i % len(HONEST)]] if poison_every
               else default)
-    c = await client.chat.completions.create(
-        model="graphplanner", messages=[{"role": "user", "content": q.query}],
-        metadata={"task": q.task_name}, seed=i)
+    try:
+      c = await client.chat.completions.create(
+          model="graphplanner", messages=[{"role": "user", "content": q.query}],
+          metadata={"task": q.task_name}, seed=i)
+    except openai.APIStatusError as e:
+      if e.status_code != 502:
+        raise
+      # Unanswered (its backbones failed, e.g. a fail event): score 0 at the cost it spent;
+      # the failure is reported as feedback like any outcome.
+      rid, cost = e.response.headers["x-gp-request-id"], float(e.response.headers["x-gp-cost-usd"])
+      if feedback:
+        await client.post("/feedback", body={"id": rid, "score": 1.0 if bad else 0.0},
+                          cast_to=object)
+      return dict(reward=-alpha * reward_lib.cost_units(cost), overhead=None, version=None,
+                  answered=False)
     ext = c.model_extra["graphplanner"]
     score = sim.sim_score(c.choices[0].message.content, q)
     if feedback:
@@ -76,7 +89,8 @@ async def stream(url: str, queries, requests: int, clients: int, alpha: float,
                         cast_to=object)
     t = ext["timing"]
     return dict(reward=score - alpha * reward_lib.cost_units(ext["cost_usd"]),
-                overhead=t["router_s"] / max(t["decisions"], 1), version=ext.get("version"))
+                overhead=t["router_s"] / max(t["decisions"], 1), version=ext.get("version"),
+                answered=True)
   try:
     for start in range(0, requests, clients):
       out += await asyncio.gather(*[one(i) for i in range(start, min(start + clients, requests))])
@@ -152,7 +166,7 @@ def main():
     print(f"poisoned ({m}) - learning over all requests (paired): {mean:+.4f} +- {half:.4f}")
   for m in results:
     mean, half, _ = stats.ci95([r["reward"] for r in results[m]])
-    o = np.array([r["overhead"] for r in results[m]]) * 1e3
+    o = np.array([r["overhead"] for r in results[m] if r["answered"]]) * 1e3
     versions = sorted({r["version"] for r in results[m]} - {None}, key=lambda v: int(v[1:]))
     print(f"{m}: all requests reward {mean:.4f} +- {half:.4f}; router overhead per decision "
           f"p50 {np.percentile(o, 50):.2f} ms, p99 {np.percentile(o, 99):.2f} ms"

@@ -17,11 +17,13 @@ from absl import flags
 from ml_collections import config_flags
 
 from experiments import common
+from experiments import serve_router_process
 from gp_jax import errors
 from gp_jax import files
 from gp_jax.runs.serving import app
 from gp_jax.runs.serving import auth
 from gp_jax.runs.serving import online
+from gp_jax.runs.serving import pool_events
 from gp_jax.runs.serving import ratelimit
 from gp_jax.runs.serving import session
 from gp_jax.runs.serving import store
@@ -102,8 +104,34 @@ _LEARN_SHARE = flags.DEFINE_float("learn_max_key_share", 0.25, "Largest share of
                                   "episodes from one API key.")
 _LEARN_SEED = flags.DEFINE_integer("learn_seed", 0, "Seed of the learner and the exploring "
                                    "decisions.")
+_SIM_EVENT = flags.DEFINE_string("sim_event", "", f"{' | '.join(pool_events.KINDS)}: serve "
+                                 "with a simulated pool event (simulator only): the drift "
+                                 "study's event at request --sim_event_t of the training-query "
+                                 "stream (docs/serving.md, Served pool events); '' = none.")
+_SIM_EVENT_LLM = flags.DEFINE_string("sim_event_llm", "", "The event's LLM ('' = the drift "
+                                     "study's, config.study.drift_llm of "
+                                     "experiments/configs/study.py).")
+_SIM_EVENT_T = flags.DEFINE_integer("sim_event_t", 0, "First training-query position (served "
+                                    "request of a client replaying the stream) the event acts on.")
+_SIM_EVENT_DELTA = flags.DEFINE_float("sim_event_delta", None, "quality_drop: logit added to the "
+                                      "LLM's skill (default the drift study's drift_delta).")
+_SIM_EVENT_SCALE = flags.DEFINE_float("sim_event_scale", None, "price_rise: multiplier of the "
+                                      "LLM's prices (default the drift study's drift_price_scale).")
 _FEEDBACK_RPS = flags.DEFINE_float("feedback_rps", 0.0, "Feedback per second per key (per "
                                    "client address without keys); 0 = no limit.")
+
+
+def _served_event() -> pool_events.ServedEvent | None:
+  """The --sim_event flags, with the drift study's settings as defaults (None: no event)."""
+  if not _SIM_EVENT.value:
+    given = [f.name for f in (_SIM_EVENT_LLM, _SIM_EVENT_T, _SIM_EVENT_DELTA, _SIM_EVENT_SCALE)
+             if flags.FLAGS[f.name].present]
+    if given:
+      raise errors.ConfigError(f"--{', --'.join(given)} need --sim_event")
+    return None
+  return serve_router_process.drift_event(_SIM_EVENT.value, _SIM_EVENT_T.value,
+                                          _SIM_EVENT_LLM.value, _SIM_EVENT_DELTA.value,
+                                          _SIM_EVENT_SCALE.value)
 
 
 @common.user_errors_exit_2
@@ -119,8 +147,12 @@ def main(argv):
   ratelimit.TokenBuckets(_FEEDBACK_RPS.value, _BURST.value, what="--feedback_rps")
   overrides = config_flags.get_override_values(flags.FLAGS["config"])
   config = session.load_config(_WORKDIR.value, overrides)
+  event = _served_event()
+  if event is not None:
+    config = pool_events.apply(config, event)
   memory = _MEMORY_PATH.value or str(pathlib.Path(_WORKDIR.value) / "served" / "memory.npz")
   memory = None if memory == "none" else memory
+  state_dir = pathlib.Path(memory).parent if memory else pathlib.Path(_WORKDIR.value) / "served"
   log = _ROUTE_LOG.value or (str(pathlib.Path(memory).with_name("routes.jsonl")) if memory else "")
   log = None if log in ("", "none") else log
   learn, versions_dir = None, None
@@ -129,10 +161,11 @@ def main(argv):
                                  canary_size=_LEARN_CANARY.value,
                                  canary_margin=_LEARN_MARGIN.value, max_kl=_LEARN_KL.value,
                                  max_key_share=_LEARN_SHARE.value, seed=_LEARN_SEED.value)
-    state_dir = pathlib.Path(memory).parent if memory else pathlib.Path(_WORKDIR.value) / "served"
     versions_dir = state_dir / versions.FOLDER
     # The settings a learning server ran with, in its served-state folder.
     files.write_json(state_dir / "learn.json", learn.to_dict(), "the learning settings")
+  if event is not None:   # the pool this server's outcomes came from, next to its memory
+    files.write_json(state_dir / pool_events.FILE, event.to_dict(), "the served pool event")
   namespace = _NAMESPACE.value or pathlib.Path(_WORKDIR.value).resolve().name
   stored = store.StoreConfig(memory_path=memory, route_log=log, memory_url=_MEMORY_URL.value,
                              namespace=namespace,

@@ -514,7 +514,6 @@ class RouterSession:
       raise
     calls = [_call_record(c) for c in state.calls]
     total_s = time.perf_counter() - t0
-    self._check_answered(state, calls)
     record = dict(type="route", id=rid, created=created, model=ROUTER_MODEL, alpha=self.alpha,
                   key=key, task=task, query=q.query, answer=state.final_answer, calls=calls,
                   usage=_usage(calls), cost_usd=sum(c["cost_usd"] for c in calls),
@@ -524,19 +523,26 @@ class RouterSession:
                               router_s=max(0.0, total_s - backbone_s), compute_s=compute_s,
                               decisions=decisions))
     await self.log_route(record)
-    self.counters["served"] += 1
     if episode is not None:
       self._keep_trajectory(rid, episode)
+    self._check_answered(state, record)
+    self.counters["served"] += 1
     return Served(state.final_answer, record)
 
-  def _check_answered(self, state, calls: list[dict]) -> None:
-    """Raises RequestError 502 when the workflow gave no answer (its backbones failed)."""
+  def _check_answered(self, state, record: dict) -> None:
+    """Raises RequestError 502 when the workflow gave no answer (its backbones failed). Its route
+    is logged and kept for feedback all the same (a client may report the failure, score 0, to
+    the memory and the learner): the headers carry the completion id (x-gp-request-id) and the
+    $ cost spent."""
+    calls = record["calls"]
     failed = [c["error"] for c in calls if c["error"]]
     if state.final_answer is None or (calls and calls[-1]["error"]):
       self.counters["unservable"] += 1
       kinds = ", ".join(sorted(set(failed))) or "no final answer within the step cap"
       raise RequestError(502, f"the workflow produced no answer: {len(failed)} of {len(calls)} "
-                         f"backbone calls failed ({kinds})", "backbone_error")
+                         f"backbone calls failed ({kinds})", "backbone_error",
+                         headers={"x-gp-request-id": record["id"],
+                                  "x-gp-cost-usd": f"{record['cost_usd']:.10g}"})
 
   async def _decide(self, obs: dict, rid: str, index: int, q_emb, episode):
     """Decision `index` of request `rid`: greedy, or sampled for an exploring request (with its
