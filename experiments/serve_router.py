@@ -100,6 +100,9 @@ _LEARN_MARGIN = flags.DEFINE_float("learn_canary_margin", 0.02, "A candidate who
                                    "is below the serving one by more is rejected.")
 _LEARN_KL = flags.DEFINE_float("learn_max_kl", 0.05, "Largest mean KL(serving || candidate) of "
                                "one update.")
+_LEARN_BACKTRACK = flags.DEFINE_integer("learn_kl_backtrack", 3, "Halvings of an update's "
+                                         "step tried when it is past --learn_max_kl (0: refuse "
+                                         "it outright).")
 _LEARN_SHARE = flags.DEFINE_float("learn_max_key_share", 0.25, "Largest share of one update's "
                                   "episodes from one API key.")
 _LEARN_SEED = flags.DEFINE_integer("learn_seed", 0, "Seed of the learner and the exploring "
@@ -160,6 +163,7 @@ def main(argv):
     learn = online.LearnSettings(every=_LEARN_EVERY.value, explore=_LEARN_EXPLORE.value,
                                  canary_size=_LEARN_CANARY.value,
                                  canary_margin=_LEARN_MARGIN.value, max_kl=_LEARN_KL.value,
+                                 kl_backtrack=_LEARN_BACKTRACK.value,
                                  max_key_share=_LEARN_SHARE.value, seed=_LEARN_SEED.value)
     versions_dir = state_dir / versions.FOLDER
     # The settings a learning server ran with, in its served-state folder.

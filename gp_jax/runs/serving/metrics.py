@@ -19,6 +19,7 @@ Each app has its own registry (not the library's global one), so two servers in 
       the backbones could not answer), gp_router_timeouts_total (504s)
     a learning server (--learn, online.py): gp_router_learner_updates_total (PPO updates run),
       gp_router_learner_accepted_total, gp_router_learner_rejected_total{reason} (kl, canary),
+      gp_router_learner_shortened_total (accepted with the step shortened to the KL bound),
       gp_router_learner_pending (episodes with feedback waiting), gp_router_learner_rollbacks_total
 
 `endpoint` is the route's path pattern; requests to paths the server does not serve share the
@@ -105,6 +106,8 @@ class _SessionCollector:
       for reason in ("kl", "canary"):
         rejected.add_metric([reason], float(lc[f"rejected_{reason}"]))
       yield rejected
+      yield counter("gp_router_learner_shortened", "Accepted updates whose step was shortened "
+                    "to the KL bound.", lc["shortened"])
       yield counter("gp_router_learner_rollbacks", "Rollbacks to an earlier version.",
                     lc["rollbacks"])
       yield gauge("gp_router_learner_pending", "Episodes with feedback waiting for an update.",

@@ -14,7 +14,10 @@ Guards, in this order, before a candidate may serve:
                key's surplus waits for later updates; the oldest waiting episodes beyond
                `max_pending` are dropped and counted): one client cannot steer an update.
   KL bound     the mean KL(serving || candidate) of the update's decisions must not exceed
-               `max_kl`: one update moves the policy at most that far.
+               `max_kl`: one update moves the policy at most that far. An update past it is
+               first shortened (a backtracking line search, as TRPO's): the candidate becomes
+               serving + beta x (update - serving) for beta = 1/2, 1/4, ... (`kl_backtrack`
+               halvings), the first within the bound; refused only when none is.
   canary       the candidate and the serving weights both run the canary queries (held-out
                simulator queries, the test split the router never trained on) greedily, scored
                by the simulator's expected utility minus alpha x cost; a candidate worse than
@@ -72,6 +75,8 @@ class LearnSettings:
       rejected.
     max_kl: the most mean KL(serving || candidate) over the update's decisions one update may
       move the policy.
+    kl_backtrack: halvings of an update's parameter step tried when the full step is past
+      max_kl (0: refuse it outright); the optimizer state is the full step's.
     max_key_share: the most share of one update's episodes one API key's feedback may be.
     max_pending: episodes with feedback waiting for an update (oldest dropped beyond it).
     keep_trajectories: served requests whose trajectories wait for feedback (oldest dropped).
@@ -82,6 +87,7 @@ class LearnSettings:
   canary_size: int = 16
   canary_margin: float = 0.02
   max_kl: float = 0.05
+  kl_backtrack: int = 3
   max_key_share: float = 0.25
   max_pending: int = 4096
   keep_trajectories: int = 1024
@@ -93,6 +99,7 @@ class LearnSettings:
               (self.canary_size >= 1, "--learn_canary_size >= 1"),
               (self.canary_margin >= 0.0, "--learn_canary_margin >= 0"),
               (self.max_kl > 0.0, "--learn_max_kl > 0"),
+              (0 <= self.kl_backtrack <= 30, "0 <= --learn_kl_backtrack <= 30"),
               (0.0 < self.max_key_share <= 1.0, "0 < --learn_max_key_share <= 1"),
               (self.max_pending >= self.every, "--learn_max_pending >= --learn_every"),
               (self.keep_trajectories >= 1, "--learn_keep_trajectories >= 1")]
@@ -130,6 +137,13 @@ def select(pending: list[Pending], every: int, key_cap: int) -> list[int] | None
     if len(taken) == every:
       return taken
   return None
+
+
+def shortened(serving, update, beta: float):
+  """Parameters serving + beta x (update - serving), leaf by leaf (float32 kept)."""
+  return jax.tree_util.tree_map(
+      lambda a, b: (np.asarray(a) + beta * (np.asarray(b) - np.asarray(a))).astype(
+          np.asarray(a).dtype), serving, update)
 
 
 def _log_softmax(x: np.ndarray) -> np.ndarray:
@@ -335,11 +349,16 @@ class OnlineLearner:
     base = dict(parent=self.version, feedback=feedback, update_step=int(new.update_step),
                 update=dict({k: float(v) for k, v in jax.device_get(metrics).items()},
                             seconds=time.perf_counter() - t0))
+    params, beta, full_kl = self.backtrack(old.params, new.params, batch.transitions["obs"],
+                                           batch.transitions["weights"], view)
+    new = new.replace(params=params)
     verdict = self.judge(old.params, new.params, batch.transitions["obs"],
                          batch.transitions["weights"], view)
-    base.update(kl=verdict["kl"], canary=verdict["canary"])
+    base.update(kl=verdict["kl"], canary=verdict["canary"], step=beta, full_step_kl=full_kl)
     if verdict["reason"] is not None:
       return self._reject(verdict["reason"], base, verdict["why"])
+    if beta < 1.0:
+      self.counters["shortened"] += 1
     kl, canary = verdict["kl"], verdict["canary"]
     version = self.versions.next_id()
     self.counters["accepted"] += 1
@@ -348,6 +367,24 @@ class OnlineLearner:
               "%.4f)", version, self.version, len(chosen), kl, canary["candidate"],
               canary["parent"])
     return dict(accepted=True, version=version, state=new, record=record)
+
+  def backtrack(self, serving, update, obs: dict, weights: np.ndarray, view):
+    """The candidate's parameters: the full update when its KL is within max_kl, else the
+    first of `kl_backtrack` halvings of its step that is (else the full update, which the KL
+    guard then refuses). Returns (params, beta, the full update's KL)."""
+    s = self.settings
+    old = self._logits(serving, obs, view)
+    kl = full = policy_kl(old, self._logits(update, obs, view), obs["mask"], weights)
+    beta = 1.0
+    for _ in range(s.kl_backtrack):
+      if kl <= s.max_kl:
+        break
+      beta /= 2.0
+      kl = policy_kl(old, self._logits(shortened(serving, update, beta), obs, view),
+                     obs["mask"], weights)
+    if kl > s.max_kl:
+      return update, 1.0, full
+    return (update if beta == 1.0 else shortened(serving, update, beta)), beta, full
 
   def judge(self, serving, candidate, obs: dict, weights: np.ndarray, view) -> dict:
     """The KL and canary guards on `candidate` against the `serving` weights: {kl, canary

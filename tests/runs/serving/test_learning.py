@@ -109,8 +109,8 @@ def test_select_caps_each_keys_share_of_an_update():
   assert online.select([P(None)] * 8, 8, 1) == list(range(8))   # no key: not capped
   assert online.LearnSettings(every=8, max_key_share=0.5).key_cap == 4
   assert online.LearnSettings(every=8, max_key_share=0.01).key_cap == 1
-  for bad in (dict(every=0), dict(explore=1.5), dict(max_kl=0.0), dict(max_key_share=0.0),
-              dict(canary_margin=-1.0), dict(every=8, max_pending=4)):
+  for bad in (dict(every=0), dict(explore=1.5), dict(max_kl=0.0), dict(kl_backtrack=-1),
+              dict(max_key_share=0.0), dict(canary_margin=-1.0), dict(every=8, max_pending=4)):
     with pytest.raises(Exception, match="invalid learning settings"):
       online.LearnSettings(**bad)
 
@@ -129,6 +129,16 @@ def test_policy_kl_is_zero_for_equal_logits_and_ignores_masked_actions():
   assert online.policy_kl(a_m, b_m, mask, w) == pytest.approx(0.0, abs=1e-12)
   c = np.where(mask, a + rng.normal(size=a.shape), -1e9)
   assert online.policy_kl(a_m, c, mask, w) > 0.01
+
+
+def test_shortened_steps_between_the_two_parameter_sets():
+  a = {"w": np.zeros((2, 3), np.float32), "b": np.array([1.0, -1.0], np.float32)}
+  b = {"w": np.full((2, 3), 4.0, np.float32), "b": np.array([3.0, 1.0], np.float32)}
+  for beta in (0.0, 0.25, 1.0):
+    got = online.shortened(a, b, beta)
+    assert got["w"].dtype == np.float32
+    np.testing.assert_allclose(got["w"], 4.0 * beta)
+    np.testing.assert_allclose(got["b"], a["b"] + beta * (b["b"] - a["b"]))
 
 
 def test_canary_guard_rejects_a_worse_candidate_and_kl_guard_a_far_one(workdir, tmp_path):
@@ -169,6 +179,21 @@ def test_canary_guard_rejects_a_worse_candidate_and_kl_guard_a_far_one(workdir, 
     learner.settings = dataclasses.replace(settings, max_kl=1e-6)
     v = learner.judge(params[better], params[worse], obs, weights, view)
     assert v["reason"] == "kl" and v["kl"] > 1e-6 and v["canary"] is None
+    # Backtracking: a bound between the quarter step's KL and the full step's accepts a halved
+    # step (the first within it); with no halvings the full step is kept (and refused).
+    a, b = params[better], params[worse]
+    kl_of = lambda p: online.policy_kl(learner._logits(a, obs, view), learner._logits(p, obs, view),
+                                       obs["mask"], weights)
+    quarter, half, full = (kl_of(online.shortened(a, b, x)) for x in (0.25, 0.5, 1.0))
+    assert 0 < quarter < full
+    bound = quarter * 1.0001
+    learner.settings = dataclasses.replace(settings, max_kl=bound, kl_backtrack=3)
+    got, beta, full_kl = learner.backtrack(a, b, obs, weights, view)
+    assert full_kl == pytest.approx(full) and beta == (0.5 if half <= bound else 0.25)
+    assert kl_of(got) <= bound and learner.judge(a, got, obs, weights, view)["kl"] <= bound
+    learner.settings = dataclasses.replace(settings, max_kl=bound, kl_backtrack=0)
+    got, beta, _ = learner.backtrack(a, b, obs, weights, view)
+    assert beta == 1.0 and learner.judge(a, got, obs, weights, view)["reason"] == "kl"
   finally:
     asyncio.run(s.aclose())
 
