@@ -349,11 +349,11 @@ class OnlineLearner:
     base = dict(parent=self.version, feedback=feedback, update_step=int(new.update_step),
                 update=dict({k: float(v) for k, v in jax.device_get(metrics).items()},
                             seconds=time.perf_counter() - t0))
-    params, beta, full_kl = self.backtrack(old.params, new.params, batch.transitions["obs"],
-                                           batch.transitions["weights"], view)
+    params, beta, full_kl, kl = self.backtrack(old.params, new.params, batch.transitions["obs"],
+                                               batch.transitions["weights"], view)
     new = new.replace(params=params)
     verdict = self.judge(old.params, new.params, batch.transitions["obs"],
-                         batch.transitions["weights"], view)
+                         batch.transitions["weights"], view, kl=kl)
     base.update(kl=verdict["kl"], canary=verdict["canary"], step=beta, full_step_kl=full_kl)
     if verdict["reason"] is not None:
       return self._reject(verdict["reason"], base, verdict["why"])
@@ -371,28 +371,31 @@ class OnlineLearner:
   def backtrack(self, serving, update, obs: dict, weights: np.ndarray, view):
     """The candidate's parameters: the full update when its KL is within max_kl, else the
     first of `kl_backtrack` halvings of its step that is (else the full update, which the KL
-    guard then refuses). Returns (params, beta, the full update's KL)."""
+    guard then refuses). Returns (params, beta, the full update's KL, the returned params' KL)."""
     s = self.settings
     old = self._logits(serving, obs, view)
     kl = full = policy_kl(old, self._logits(update, obs, view), obs["mask"], weights)
-    beta = 1.0
+    candidate, beta = update, 1.0
     for _ in range(s.kl_backtrack):
       if kl <= s.max_kl:
         break
       beta /= 2.0
-      kl = policy_kl(old, self._logits(shortened(serving, update, beta), obs, view),
-                     obs["mask"], weights)
+      candidate = shortened(serving, update, beta)
+      kl = policy_kl(old, self._logits(candidate, obs, view), obs["mask"], weights)
     if kl > s.max_kl:
-      return update, 1.0, full
-    return (update if beta == 1.0 else shortened(serving, update, beta)), beta, full
+      return update, 1.0, full, full
+    return candidate, beta, full, kl
 
-  def judge(self, serving, candidate, obs: dict, weights: np.ndarray, view) -> dict:
+  def judge(self, serving, candidate, obs: dict, weights: np.ndarray, view,
+            kl: float | None = None) -> dict:
     """The KL and canary guards on `candidate` against the `serving` weights: {kl, canary
     (parent and candidate rewards; None when the KL guard already refused), reason (None: the
-    candidate may serve; "kl" or "canary"), why}. obs, weights: the update's decisions."""
+    candidate may serve; "kl" or "canary"), why}. obs, weights: the update's decisions; kl:
+    the candidate's KL when already computed (backtrack)."""
     s = self.settings
-    kl = policy_kl(self._logits(serving, obs, view), self._logits(candidate, obs, view),
-                   obs["mask"], weights)
+    if kl is None:
+      kl = policy_kl(self._logits(serving, obs, view), self._logits(candidate, obs, view),
+                     obs["mask"], weights)
     out = dict(kl=kl, canary=None, reason=None, why="")
     if kl > s.max_kl:
       return dict(out, reason="kl", why=f"KL {kl:.4g} > max_kl {s.max_kl:g}")

@@ -188,11 +188,11 @@ def test_canary_guard_rejects_a_worse_candidate_and_kl_guard_a_far_one(workdir, 
     assert 0 < quarter < full
     bound = quarter * 1.0001
     learner.settings = dataclasses.replace(settings, max_kl=bound, kl_backtrack=3)
-    got, beta, full_kl = learner.backtrack(a, b, obs, weights, view)
+    got, beta, full_kl, _ = learner.backtrack(a, b, obs, weights, view)
     assert full_kl == pytest.approx(full) and beta == (0.5 if half <= bound else 0.25)
     assert kl_of(got) <= bound and learner.judge(a, got, obs, weights, view)["kl"] <= bound
     learner.settings = dataclasses.replace(settings, max_kl=bound, kl_backtrack=0)
-    got, beta, _ = learner.backtrack(a, b, obs, weights, view)
+    got, beta, _, _ = learner.backtrack(a, b, obs, weights, view)
     assert beta == 1.0 and learner.judge(a, got, obs, weights, view)["reason"] == "kl"
   finally:
     asyncio.run(s.aclose())
