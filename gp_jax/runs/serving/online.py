@@ -7,7 +7,11 @@ A served request keeps what its decisions saw and chose, as a training rollout d
 s - alpha x cost, the training reward with the trained alpha. Every `every` feedbacks the learner
 builds the project's PPO batch of them (gp_jax/rl/batch.build_batch) and runs the project's one
 jitted PPO update (gp_jax/rl/ppo.py, through gp_jax/runs/ppo_config.make_update) on a copy of the
-serving weights, in its own thread; requests go on meanwhile with the serving weights.
+serving weights, with the guards below (online_update.GuardedUpdate), in the learner's own
+process at the lowest scheduling priority (learner_process.py), so the update neither holds the
+interpreter lock nor XLA's threads the decisions use; requests go on meanwhile with the serving
+weights. This module keeps the server's side: the episodes waiting, the key share, the versions
+and the swap.
 
 Guards, in this order, before a candidate may serve:
   key share    each API key's feedback is at most `max_key_share` of an update's episodes (a
@@ -45,20 +49,20 @@ import time
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from gp_jax import errors
-from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import loop as rl_loop
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
 from gp_jax.runs import ppo_config
+from gp_jax.runs.serving import learner_process
+from gp_jax.runs.serving import online_update
 from gp_jax.runs.serving import versions as versions_lib
 
 _log = logging.getLogger(__name__)
 LEARNABLE_MODES = ("transductive", "inductive")   # model.history modes the online learner updates
-LEARNER_NICE = 19   # the learner thread's niceness (the decisions' threads keep theirs)
+LEARNER_NICE = 19   # the learner's waiting thread's niceness (the decisions' threads keep theirs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,29 +143,10 @@ def select(pending: list[Pending], every: int, key_cap: int) -> list[int] | None
   return None
 
 
-def shortened(serving, update, beta: float):
-  """Parameters serving + beta x (update - serving), leaf by leaf (float32 kept)."""
-  return jax.tree_util.tree_map(
-      lambda a, b: (np.asarray(a) + beta * (np.asarray(b) - np.asarray(a))).astype(
-          np.asarray(a).dtype), serving, update)
-
-
-def _log_softmax(x: np.ndarray) -> np.ndarray:
-  x = x - x.max(-1, keepdims=True)
-  return x - np.log(np.exp(x).sum(-1, keepdims=True))
-
-
-def policy_kl(old_logits: np.ndarray, new_logits: np.ndarray, mask: np.ndarray,
-              weights: np.ndarray) -> float:
-  """Mean KL(old || new) over the real decisions (weights 1) of masked logits [B, A]."""
-  lo, ln = _log_softmax(old_logits.astype(np.float64)), _log_softmax(new_logits.astype(np.float64))
-  each = np.where(mask, np.exp(lo) * (lo - ln), 0.0).sum(-1)
-  return float((each * weights).sum() / max(weights.sum(), 1.0))
-
-
 def _lower_priority() -> None:
-  """The learner thread yields the CPU to the decisions: the lowest scheduling priority for this
-  thread only (Linux: a thread id is a process id to setpriority; elsewhere nothing changes)."""
+  """The learner's waiting thread yields the CPU to the decisions: the lowest scheduling
+  priority for this thread only (Linux: a thread id is a process id to setpriority; elsewhere
+  nothing changes). It writes the versions; the update itself runs in the learner process."""
   try:
     os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LEARNER_NICE)
   except (AttributeError, OSError):   # not Linux, or not permitted: the default priority
@@ -173,15 +158,16 @@ class OnlineLearner:
 
   Args:
     settings: LearnSettings.
-    config, system, model: the served router's recorded config, its system (gp_jax/runs/system)
-      and GARNet.
+    config, system, model: the served router's recorded config (with any served pool event),
+      its system (gp_jax/runs/system) and GARNet.
+    workdir: the trained router's run (the learner process builds the same system and GARNet).
     params: the trained weights (version v0 when the store is new).
     history: () -> the served history memory now (None: the inductive mode).
     versions: the version store (versions.VersionStore).
     swap: swap(params, version) installs weights for the decisions (called on the event loop).
   """
 
-  def __init__(self, settings: LearnSettings, *, config, system, model, params,
+  def __init__(self, settings: LearnSettings, *, config, system, model, workdir, params,
                history: Callable, versions: versions_lib.VersionStore,
                swap: Callable[[object, str], None]):
     if config.model.history not in LEARNABLE_MODES:
@@ -192,24 +178,13 @@ class OnlineLearner:
       raise errors.ConfigError("--learn needs the simulator backend: its canary guard scores "
                                "candidates on held-out simulator queries (docs/serving.md)")
     self.settings = s = settings
-    self.model, self.system, self.history, self.swap = model, system, history, swap
+    self.history, self.swap = history, swap
     self.versions = versions
-    self.space = system.space
-    self.featurizer = system.featurizer
-    self.hub_features = jnp.asarray(system.featurizer.hub_features)
     optimizer = ppo_config.make_optimizer(config)
-    self.update, self.batch_size = ppo_config.make_update(config, system, model, optimizer,
-                                                          episodes=s.every)
-    self.max_calls = ppo_config.max_calls(system)
-    self.alpha = float(config.alpha)
-    self.canary_queries = list(system.test_queries[:s.canary_size])
-    self.canary_env = system.env(self.alpha, reward="expected")
-    # The guards' own policy (canary rollouts and the KL's logits), apart from the serving one.
-    self.runner = rollout.PolicyRunner(model, system.featurizer.hub_features,
-                                       len(self.canary_queries), featurizer=system.featurizer)
     self._abstract = rl_loop.init_state(model, system.featurizer, optimizer, int(config.seed))
     self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="router-learner",
                                                          initializer=_lower_priority)
+    self.process = learner_process.LearnerProcess(config, workdir, settings)
     self.pending: list[Pending] = []
     self.counters = collections.Counter(versions.learner.get("counters", {}))
     self.rejections: list[dict] = list(versions.learner.get("rejections", []))[-20:]
@@ -241,7 +216,7 @@ class OnlineLearner:
     update starts once `every` episodes can fill one."""
     episode.rewards[-1] += float(score)
     episode.utility = float(score)
-    self.pending.append(Pending(rid, key, float(score), episode))
+    self.pending.append(Pending(rid, key, float(score), online_update.learning_episode(episode)))
     self.counters["feedback"] += 1
     drop = len(self.pending) - self.settings.max_pending
     if drop > 0:
@@ -300,7 +275,8 @@ class OnlineLearner:
                 counters=dict(self.counters), settings=self.settings.to_dict())
 
   async def aclose(self) -> None:
-    """Lets an update in progress finish (and be recorded); starts no other."""
+    """Lets an update in progress finish (and be recorded); starts no other; stops the learner
+    process."""
     self._closing = True
     if self._task is not None and not self._task.done():
       try:
@@ -308,103 +284,39 @@ class OnlineLearner:
       except Exception:
         pass
     self._thread.shutdown(wait=True)
+    self.process.close()
 
-  # ---- in the learner thread ------------------------------------------------------------------------
+  # ---- in the learner thread (the compute in the learner process) ----------------------------------
   def warm_up(self, obs: dict, view) -> None:
-    """Compiles the update, the KL's scoring and the canary's policy before serving (on a batch
-    of copies of one observation; nothing is kept), so the first update takes as long as the
-    others."""
-    action = int(np.flatnonzero(obs["mask"])[0])
-    episode = rollout.Episode(None, None, 0, None, None, None, obs=[obs], actions=[action],
-                              logp=[0.0], values=[0.0], rewards=[0.0])
-    n_rows = len(view) if view is not None else 0
-    episodes = [dataclasses.replace(episode, snapshots=[n_rows])] * self.settings.every
-    batch, hist = batch_lib.build_batch(episodes, view, batch_size=self.batch_size,
-                                        num_episodes=self.settings.every,
-                                        max_calls=self.max_calls, num_hubs=self.space.size)
-    state = jax.tree_util.tree_map(jnp.array, self.state)
-    jax.block_until_ready(self.update(state, self.hub_features, hist, batch))
-    self._logits(self.state.params, batch.transitions["obs"], view)
-    self.canary(self.state.params, view)
+    """Starts the learner process and compiles its update, KL scoring and canary policy before
+    serving, so the first update takes as long as the others."""
+    self.process.call("warm_up", self.state, obs, view)
 
   def _update(self, chosen: list[Pending], view) -> dict:
-    """One guarded update of the serving weights from `chosen` episodes; returns
-    {accepted, version, state} (accepted) or {accepted: False, reason}."""
-    t0 = time.perf_counter()
-    s = self.settings
-    n_rows = len(view) if view is not None else 0
-    episodes = [dataclasses.replace(p.episode, snapshots=[n_rows] * len(p.episode.actions))
-                for p in chosen]
-    batch, hist = batch_lib.build_batch(episodes, view, batch_size=self.batch_size,
-                                        num_episodes=s.every, max_calls=self.max_calls,
-                                        num_hubs=self.space.size)
-    old = self.state
-    start = ppo.TrainingState(params=jax.tree_util.tree_map(jnp.array, old.params),
-                              opt_state=jax.tree_util.tree_map(jnp.array, old.opt_state),
-                              rng=jnp.array(old.rng), update_step=jnp.array(old.update_step))
-    new, metrics = self.update(start, self.hub_features, hist, batch)
-    new = jax.device_get(new)
+    """One guarded update of the serving weights from `chosen` episodes (in the learner
+    process); returns {accepted, version, state} (accepted) or {accepted: False, reason}."""
+    out = self.process.call("step", self.state, [p.episode for p in chosen], view)
     self.counters["updates"] += 1
     feedback = [dict(id=p.rid, key=p.key, score=p.score) for p in chosen]
+    new = out["state"]
     base = dict(parent=self.version, feedback=feedback, update_step=int(new.update_step),
-                update=dict({k: float(v) for k, v in jax.device_get(metrics).items()},
-                            seconds=time.perf_counter() - t0))
-    params, beta, full_kl, kl = self.backtrack(old.params, new.params, batch.transitions["obs"],
-                                               batch.transitions["weights"], view)
-    new = new.replace(params=params)
-    verdict = self.judge(old.params, new.params, batch.transitions["obs"],
-                         batch.transitions["weights"], view, kl=kl)
-    base.update(kl=verdict["kl"], canary=verdict["canary"], step=beta, full_step_kl=full_kl)
-    if verdict["reason"] is not None:
-      return self._reject(verdict["reason"], base, verdict["why"])
-    if beta < 1.0:
+                update=dict(out["metrics"], seconds=out["seconds"]), kl=out["kl"],
+                canary=out["canary"], step=out["beta"], full_step_kl=out["full_step_kl"])
+    if out["reason"] is not None:
+      return self._reject(out["reason"], base, out["why"])
+    if out["beta"] < 1.0:
       self.counters["shortened"] += 1
-    kl, canary = verdict["kl"], verdict["canary"]
     version = self.versions.next_id()
     self.counters["accepted"] += 1
-    record = self.versions.add(new, dict(base, version=version), self._learner_state())
+    # The learner process writes the candidate's checkpoint (orbax is CPU work too); this
+    # process commits it in the index.
+    record = versions_lib.stamped(dict(base, version=version))
+    self.process.call("write", str(self.versions.directory / version), record)
+    record = self.versions.commit(record, self._learner_state())
     _log.info("router version %s accepted (parent %s, %d feedbacks, KL %.4g, canary %.4f vs "
-              "%.4f)", version, self.version, len(chosen), kl, canary["candidate"],
-              canary["parent"])
+              "%.4f)", version, self.version, len(chosen), out["kl"], out["canary"]["candidate"],
+              out["canary"]["parent"])
     return dict(accepted=True, version=version, state=new, record=record)
-
-  def backtrack(self, serving, update, obs: dict, weights: np.ndarray, view):
-    """The candidate's parameters: the full update when its KL is within max_kl, else the
-    first of `kl_backtrack` halvings of its step that is (else the full update, which the KL
-    guard then refuses). Returns (params, beta, the full update's KL, the returned params' KL)."""
-    s = self.settings
-    old = self._logits(serving, obs, view)
-    kl = full = policy_kl(old, self._logits(update, obs, view), obs["mask"], weights)
-    candidate, beta = update, 1.0
-    for _ in range(s.kl_backtrack):
-      if kl <= s.max_kl:
-        break
-      beta /= 2.0
-      candidate = shortened(serving, update, beta)
-      kl = policy_kl(old, self._logits(candidate, obs, view), obs["mask"], weights)
-    if kl > s.max_kl:
-      return update, 1.0, full, full
-    return candidate, beta, full, kl
-
-  def judge(self, serving, candidate, obs: dict, weights: np.ndarray, view,
-            kl: float | None = None) -> dict:
-    """The KL and canary guards on `candidate` against the `serving` weights: {kl, canary
-    (parent and candidate rewards; None when the KL guard already refused), reason (None: the
-    candidate may serve; "kl" or "canary"), why}. obs, weights: the update's decisions; kl:
-    the candidate's KL when already computed (backtrack)."""
-    s = self.settings
-    if kl is None:
-      kl = policy_kl(self._logits(serving, obs, view), self._logits(candidate, obs, view),
-                     obs["mask"], weights)
-    out = dict(kl=kl, canary=None, reason=None, why="")
-    if kl > s.max_kl:
-      return dict(out, reason="kl", why=f"KL {kl:.4g} > max_kl {s.max_kl:g}")
-    old, new = self.canary(serving, view), self.canary(candidate, view)
-    out["canary"] = dict(parent=old, candidate=new, queries=len(self.canary_queries))
-    if new < old - s.canary_margin:
-      return dict(out, reason="canary", why=f"canary reward {new:.4f} < serving {old:.4f} - "
-                  f"margin {s.canary_margin:g}")
-    return out
 
   def _reject(self, reason: str, base: dict, why: str) -> dict:
     self.counters[f"rejected_{reason}"] += 1
@@ -418,17 +330,3 @@ class OnlineLearner:
     except OSError as e:   # the counters are kept in RAM; the next write records them
       _log.error("learner state not written: %s", e)
     return dict(accepted=False, reason=reason)
-
-  def _logits(self, params, obs: dict, view) -> np.ndarray:
-    self.runner.set_params(params, view)
-    return self.runner.scores(obs)[0]
-
-  def canary(self, params, view) -> float:
-    """Mean reward (expected utility - alpha x cost) of greedy episodes of the canary queries
-    with `params` over the memory `view` (frozen: the episodes do not join it)."""
-    self.runner.set_params(params, view)
-    episodes = asyncio.run(rollout.run_episodes(
-        self.canary_env, self.featurizer, self.runner, self.canary_queries,
-        key=jax.random.PRNGKey(0), greedy=True, history=view, grow_history=False,
-        seed_salt="canary"))
-    return float(np.mean([e.episode_return for e in episodes]))

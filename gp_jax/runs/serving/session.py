@@ -342,17 +342,21 @@ class RouterSession:
     store = versions_lib.VersionStore(versions_dir, row_dim=self.featurizer.spec.row_dim,
                                       num_hubs=self.space.size)
     self.learner = online.OnlineLearner(
-        learn, config=config, system=self.system, model=self.model, params=self.params,
+        learn, config=config, system=self.system, model=self.model, workdir=self.workdir,
+        params=self.params,
         history=lambda: self.history if self.reads_memory else None, versions=store,
         swap=self._swap)
     self.router_version = self.learner.version
     if self.learner.version != "v0":   # a restart resumes the serving version
       self._swap(self.learner.params, self.learner.version)
-    self.learner.warm_up(self._warm_up_observation()[0],
-                         self.history.view() if self.reads_memory else None)
+    obs, q_emb = self._warm_up_observation()
+    self.learner.warm_up(obs, self.history.view() if self.reads_memory else None)
     self.sampler = decisions.DecisionBatcher(
         self.runner, self._buckets, key=jax.random.PRNGKey(learn.seed), greedy=False,
         executor=self._compute, prepare=self._with_retrieval if self._index is not None else None)
+    # The sampled policy is its own compiled function: compiled now, not by the first exploring
+    # requests of each batch size (each compile would hold up every decision behind it).
+    self.sampler.warm_up(obs, q_emb)
 
   def _swap(self, params, version: str) -> None:
     """New weights for the decisions (on the event loop, between batched policy calls: each

@@ -37,6 +37,30 @@ FOLDER = "router_versions"
 _log = logging.getLogger(__name__)
 
 
+def stamped(record: dict) -> dict:
+  """`record` with its creation time (now, unless it has one)."""
+  return dict(record, created=record.get("created", time.time()))
+
+
+def write_checkpoint(folder: str | pathlib.Path, state, record: dict, *, row_dim: int,
+                     num_hubs: int) -> None:
+  """Writes a version's checkpoint: `state` (a TrainingState) with `record` as its metadata
+  into `folder`; it is not a version until VersionStore.commit names it (the learner process
+  writes it, the server commits it). A folder already there is an uncommitted write that
+  failed: it is replaced."""
+  folder = pathlib.Path(folder)
+  if folder.exists():
+    shutil.rmtree(folder)
+  ckpt = checkpoint_lib.Checkpointer(folder)
+  try:
+    ckpt.save(checkpoint_lib.Write(
+        step=0, state=jax.device_get(state),
+        history=history_lib.HistoryMemory(row_dim, num_hubs, capacity=0),
+        meta=dict(record, best_iteration=0)))
+  finally:
+    ckpt.close()
+
+
 class VersionStore:
   """Accepted versions under `directory` (module docstring).
 
@@ -52,6 +76,7 @@ class VersionStore:
     except OSError as e:
       raise errors.StorageError(f"cannot create the router versions folder {self.directory}: "
                                 f"{e.strerror or e}") from None
+    self.row_dim, self.num_hubs = row_dim, num_hubs
     self._empty = lambda: history_lib.HistoryMemory(row_dim, num_hubs, capacity=0)
     path = self.directory / INDEX
     self.index = (errors.read_json(path, "router versions index") if path.exists()
@@ -85,20 +110,27 @@ class VersionStore:
   def add(self, state, record: dict, learner: dict) -> dict:
     """Writes `state` (a TrainingState) as version record["version"], then the index naming it
     as accepted and serving. Raises StorageError (the index is unchanged)."""
-    version = record["version"]
-    if self.get(version) is not None:
-      raise ValueError(f"router version {version} exists")
-    record = dict(record, created=record.get("created", time.time()))
-    ckpt = checkpoint_lib.Checkpointer(self.directory / version)
-    try:
-      ckpt.save(checkpoint_lib.Write(step=0, state=jax.device_get(state), history=self._empty(),
-                                      meta=dict(record, best_iteration=0)))
-    finally:
-      ckpt.close()
-    index = dict(self.index, versions=self.index["versions"] + [record], serving=version,
-                 learner=dict(learner))
+    record = stamped(record)
+    self._check_new(record["version"])
+    write_checkpoint(self.directory / record["version"], state, record, row_dim=self.row_dim,
+                     num_hubs=self.num_hubs)
+    return self.commit(record, learner)
+
+  def commit(self, record: dict, learner: dict) -> dict:
+    """The index naming version record["version"] (its checkpoint already written, by
+    write_checkpoint) as accepted and serving, with the learner's state."""
+    self._check_new(record["version"])
+    if not (self.directory / record["version"]).is_dir():
+      raise errors.StorageError(f"router version {record['version']} has no checkpoint folder "
+                                f"in {self.directory}")
+    index = dict(self.index, versions=self.index["versions"] + [record],
+                 serving=record["version"], learner=dict(learner))
     self._write(index)
     return record
+
+  def _check_new(self, version: str) -> None:
+    if self.get(version) is not None:
+      raise ValueError(f"router version {version} exists")
 
   def set_serving(self, version: str, learner: dict) -> None:
     if self.get(version) is None:

@@ -5,6 +5,8 @@ import asyncio
 import collections
 import dataclasses
 import json
+import os
+import pathlib
 import signal
 import time
 import urllib.error
@@ -20,7 +22,9 @@ from gp_jax.graph import features as features_lib
 from gp_jax.rl import loop as rl_loop
 from gp_jax.runs import ppo_config
 from gp_jax.runs.serving import auth
+from gp_jax.runs.serving import learner_process
 from gp_jax.runs.serving import online
+from gp_jax.runs.serving import online_update
 from experiments import serve_router_process as process
 from gp_jax.runs.serving import session as session_lib
 from gp_jax.runs.serving import versions as versions_lib
@@ -121,24 +125,53 @@ def test_policy_kl_is_zero_for_equal_logits_and_ignores_masked_actions():
   mask = np.ones((4, 6), bool)
   mask[:, 5] = False
   w = np.array([1, 1, 1, 0], np.float32)
-  assert online.policy_kl(a, a, mask, w) == pytest.approx(0.0, abs=1e-12)
+  assert online_update.policy_kl(a, a, mask, w) == pytest.approx(0.0, abs=1e-12)
   b = a.copy()
   b[:, 5] += 100.0   # a masked action's logit (the policy gives it -1e9 anyway)
   b[3] += rng.normal(size=6)   # a padding row
   a_m, b_m = np.where(mask, a, -1e9), np.where(mask, b, -1e9)
-  assert online.policy_kl(a_m, b_m, mask, w) == pytest.approx(0.0, abs=1e-12)
+  assert online_update.policy_kl(a_m, b_m, mask, w) == pytest.approx(0.0, abs=1e-12)
   c = np.where(mask, a + rng.normal(size=a.shape), -1e9)
-  assert online.policy_kl(a_m, c, mask, w) > 0.01
+  assert online_update.policy_kl(a_m, c, mask, w) > 0.01
 
 
 def test_shortened_steps_between_the_two_parameter_sets():
   a = {"w": np.zeros((2, 3), np.float32), "b": np.array([1.0, -1.0], np.float32)}
   b = {"w": np.full((2, 3), 4.0, np.float32), "b": np.array([3.0, 1.0], np.float32)}
   for beta in (0.0, 0.25, 1.0):
-    got = online.shortened(a, b, beta)
+    got = online_update.shortened(a, b, beta)
     assert got["w"].dtype == np.float32
     np.testing.assert_allclose(got["w"], 4.0 * beta)
     np.testing.assert_allclose(got["b"], a["b"] + beta * (b["b"] - a["b"]))
+
+
+def test_a_version_written_apart_serves_only_once_committed(tmp_path):
+  """The learner process writes a version's checkpoint, the server commits it: an uncommitted
+  folder is not a version (removed when the store opens, replaced by the next write), and a
+  commit without its folder is refused."""
+  from gp_jax.rl import ppo
+  state = lambda x: ppo.TrainingState(params={"w": np.full(3, x, np.float32)},
+                                      opt_state={"m": np.zeros(3, np.float32)},
+                                      rng=np.zeros(2, np.uint32),
+                                      update_step=np.asarray(int(x), np.int32))
+  store = versions_lib.VersionStore(tmp_path, row_dim=4, num_hubs=2)
+  store.add(state(0), dict(version="v0"), {})
+  record = versions_lib.stamped(dict(version="v1", parent="v0"))
+  versions_lib.write_checkpoint(tmp_path / "v1", state(7), record, row_dim=4, num_hubs=2)
+  assert [v["version"] for v in versions_lib.VersionStore(tmp_path, row_dim=4,
+                                                          num_hubs=2).versions()] == ["v0"]
+  assert not (tmp_path / "v1").exists()   # the reopened store removed the uncommitted write
+  with pytest.raises(Exception, match="no checkpoint folder"):
+    store.commit(record, {})
+  (tmp_path / "v1").mkdir()
+  (tmp_path / "v1" / "junk").write_text("half written")
+  versions_lib.write_checkpoint(tmp_path / "v1", state(5), record, row_dim=4, num_hubs=2)
+  assert store.commit(record, {"n": 1})["version"] == "v1" and store.serving == "v1"
+  again = versions_lib.VersionStore(tmp_path, row_dim=4, num_hubs=2)
+  assert again.serving == "v1" and again.learner == {"n": 1}
+  np.testing.assert_array_equal(again.load("v1", state(0)).params["w"], np.full(3, 5.0))
+  with pytest.raises(ValueError, match="exists"):
+    store.commit(record, {})
 
 
 def test_canary_guard_rejects_a_worse_candidate_and_kl_guard_a_far_one(workdir, tmp_path):
@@ -155,10 +188,11 @@ def test_canary_guard_rejects_a_worse_candidate_and_kl_guard_a_far_one(workdir, 
     return await asyncio.gather(*[s.complete(t) for t in _queries(4, "canary")])
   try:
     asyncio.run(serve())
-    learner = s.learner
+    # The learner process's guarded update, built here on the served system and GARNet.
+    learner = online_update.GuardedUpdate(settings, config=config, system=s.system, model=s.model)
     obs = features_lib.stack([o for e in s._trajectories.values() for o in e.obs])
     weights = np.ones(len(obs["mask"]), np.float32)
-    trained = learner.params
+    trained = s.learner.params
     other = rl_loop.init_state(s.model, s.featurizer, ppo_config.make_optimizer(config),
                                seed=123).params
     other = jax.device_get(other)
@@ -182,9 +216,9 @@ def test_canary_guard_rejects_a_worse_candidate_and_kl_guard_a_far_one(workdir, 
     # Backtracking: a bound between the quarter step's KL and the full step's accepts a halved
     # step (the first within it); with no halvings the full step is kept (and refused).
     a, b = params[better], params[worse]
-    kl_of = lambda p: online.policy_kl(learner._logits(a, obs, view), learner._logits(p, obs, view),
-                                       obs["mask"], weights)
-    quarter, half, full = (kl_of(online.shortened(a, b, x)) for x in (0.25, 0.5, 1.0))
+    kl_of = lambda p: online_update.policy_kl(learner._logits(a, obs, view),
+                                              learner._logits(p, obs, view), obs["mask"], weights)
+    quarter, half, full = (kl_of(online_update.shortened(a, b, x)) for x in (0.25, 0.5, 1.0))
     assert 0 < quarter < full
     bound = quarter * 1.0001
     learner.settings = dataclasses.replace(settings, max_kl=bound, kl_backtrack=3)
@@ -287,6 +321,56 @@ def test_feedback_favouring_one_llm_shifts_routing_there_within_the_key_share(ke
 
 
 # ---- versions: rollback, restart, kill -9 ----------------------------------------------------------------
+def _children(pid: int, module: str) -> list[int]:
+  """Processes whose parent is `pid` running `python -m module`."""
+  out = []
+  for stat in pathlib.Path("/proc").glob("[0-9]*/stat"):
+    try:
+      ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+      cmd = (stat.parent / "cmdline").read_bytes().split(b"\0")
+    except (OSError, IndexError, ValueError):
+      continue
+    if ppid == pid and module.encode() in cmd:
+      out.append(int(stat.parent.name))
+  return out
+
+
+def _niceness(pid: int) -> int:
+  return int(pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[16])
+
+
+def _alive(pid: int) -> bool:
+  """Whether `pid` runs (a zombie no reaper collected has exited)."""
+  try:
+    return pathlib.Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+  except OSError:
+    return False
+
+
+def test_learner_process_reports_errors_and_is_started_again_after_dying(workdir):
+  """The learner process's failures come back as one error with its traceback; a learner that
+  died fails the call that finds it so, and the next call starts a new one."""
+  config = session_lib.load_config(workdir)
+  learner = learner_process.LearnerProcess(config, workdir,
+                                           online.LearnSettings(every=4, canary_size=2))
+  try:
+    with pytest.raises(learner_process.LearnerProcessError, match="unknown op 'nonsense'"):
+      learner.call("nonsense")
+    first = learner.pid
+    assert _niceness(first) == 19
+    os.kill(first, signal.SIGKILL)
+    with pytest.raises(learner_process.LearnerProcessError, match="exited .*-9"):
+      learner.call("nonsense")
+    assert learner.pid is None and not _alive(first)
+    with pytest.raises(learner_process.LearnerProcessError, match="unknown op"):
+      learner.call("nonsense")   # answered by a new learner process
+    assert learner.pid not in (None, first)
+  finally:
+    second = learner.pid
+    learner.close()
+  assert learner.pid is None and not _alive(second)
+
+
 def test_rollback_restart_and_kill_during_an_update(workdir, tmp_path):
   state = tmp_path / "state"
   args = [f"--workdir={workdir}", f"--memory_path={state / 'memory.npz'}", "--learn",
@@ -331,7 +415,15 @@ def test_rollback_restart_and_kill_during_an_update(workdir, tmp_path):
     _feedback(srv.url, None, _ask(srv.url, "unused", _queries(4, "second")), favour)
     status, h = _http(srv.url, "/health")
     assert h["router"]["updating"], h["router"]
-    srv.stop(signal.SIGKILL)
+    # The update runs in the server's learner process, at the lowest priority.
+    (child,) = _children(srv.proc.pid, "gp_jax.runs.serving.learner_process")
+    assert _niceness(child) == 19
+    os.kill(srv.proc.pid, signal.SIGKILL)   # the server only: its learner must notice alone
+    srv.proc.wait(timeout=60)
+    deadline = time.time() + 120
+    while _alive(child) and time.time() < deadline:
+      time.sleep(0.2)
+    assert not _alive(child), "the learner process outlived its killed server"
   finally:
     srv.stop()
   index = json.loads((state / versions_lib.FOLDER / versions_lib.INDEX).read_text())
