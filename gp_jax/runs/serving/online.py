@@ -146,7 +146,8 @@ def select(pending: list[Pending], every: int, key_cap: int) -> list[int] | None
 def _lower_priority() -> None:
   """The learner's waiting thread yields the CPU to the decisions: the lowest scheduling
   priority for this thread only (Linux: a thread id is a process id to setpriority; elsewhere
-  nothing changes). It writes the versions; the update itself runs in the learner process."""
+  nothing changes). It waits for the learner process (which runs the update and writes the
+  versions' checkpoints), commits the versions in the index and loads them on rollback."""
   try:
     os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LEARNER_NICE)
   except (AttributeError, OSError):   # not Linux, or not permitted: the default priority
