@@ -21,16 +21,14 @@ started again (and initialised) by the next call; the call that found it dead ra
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 NICENESS = 19   # the learner's scheduling priority (the lowest); set before any thread starts
 if __name__ == "__main__":
-  try:
+  with contextlib.suppress(OSError):   # not permitted: the default priority
     os.nice(NICENESS)
-  except OSError:
-    pass
 
-import pathlib
 import pickle
 import signal
 import struct
@@ -40,9 +38,9 @@ import threading
 import traceback
 
 from gp_jax import errors
+from gp_jax import paths
 
 _HEADER = struct.Struct("<Q")
-_ROOT = pathlib.Path(__file__).resolve().parents[3]   # the folder holding gp_jax/
 
 
 class LearnerProcessError(errors.GpJaxError, RuntimeError):
@@ -86,12 +84,11 @@ class LearnerProcess:
     return self._proc.pid if self._proc is not None else None
 
   def _start(self) -> None:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(_ROOT)] + [p for p in env.get(
-        "PYTHONPATH", "").split(os.pathsep) if p])
+    env = dict(os.environ, PYTHONPATH=str(paths.REPO_ROOT) + os.pathsep +
+               os.environ.get("PYTHONPATH", ""))
     self._proc = subprocess.Popen(
         [sys.executable, "-m", "gp_jax.runs.serving.learner_process"], stdin=subprocess.PIPE,
-        stdout=subprocess.PIPE, env=env, cwd=str(_ROOT))
+        stdout=subprocess.PIPE, env=env, cwd=str(paths.REPO_ROOT))
     self._exchange("init", self._init)
 
   def _exchange(self, op: str, payload):
@@ -126,10 +123,8 @@ class LearnerProcess:
       proc, self._proc = self._proc, None
     if proc is None:
       return
-    try:
+    with contextlib.suppress(OSError):   # already broken: the child is gone
       proc.stdin.close()
-    except OSError:
-      pass
     try:
       proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:

@@ -42,6 +42,11 @@ def stamped(record: dict) -> dict:
   return dict(record, created=record.get("created", time.time()))
 
 
+def _empty_history(row_dim: int, num_hubs: int) -> history_lib.HistoryMemory:
+  """The history a version's checkpoint holds: none (the served memory lives apart)."""
+  return history_lib.HistoryMemory(row_dim, num_hubs, capacity=0)
+
+
 def write_checkpoint(folder: str | pathlib.Path, state, record: dict, *, row_dim: int,
                      num_hubs: int) -> None:
   """Writes a version's checkpoint: `state` (a TrainingState) with `record` as its metadata
@@ -55,7 +60,7 @@ def write_checkpoint(folder: str | pathlib.Path, state, record: dict, *, row_dim
   try:
     ckpt.save(checkpoint_lib.Write(
         step=0, state=jax.device_get(state),
-        history=history_lib.HistoryMemory(row_dim, num_hubs, capacity=0),
+        history=_empty_history(row_dim, num_hubs),
         meta=dict(record, best_iteration=0)))
   finally:
     ckpt.close()
@@ -77,7 +82,6 @@ class VersionStore:
       raise errors.StorageError(f"cannot create the router versions folder {self.directory}: "
                                 f"{e.strerror or e}") from None
     self.row_dim, self.num_hubs = row_dim, num_hubs
-    self._empty = lambda: history_lib.HistoryMemory(row_dim, num_hubs, capacity=0)
     path = self.directory / INDEX
     self.index = (errors.read_json(path, "router versions index") if path.exists()
                   else dict(versions=[], serving=None, learner={}))
@@ -152,7 +156,8 @@ class VersionStore:
       raise KeyError(version)
     ckpt = checkpoint_lib.Checkpointer(self.directory / version, read_only=True)
     try:
-      out = ckpt.restore(jax.tree_util.tree_map(np.asarray, abstract_state), self._empty())
+      out = ckpt.restore(jax.tree_util.tree_map(np.asarray, abstract_state),
+                         _empty_history(self.row_dim, self.num_hubs))
     finally:
       ckpt.close()
     if out is None:
