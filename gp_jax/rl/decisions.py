@@ -10,7 +10,9 @@ so each size compiles once) and hands every workflow its decision: action, log-p
 value. Sampled decisions draw with their own key, decision_key(key, ids) of the ids the caller
 gives (say a question's hash and the call's index), so a decision is the same whichever other
 decisions share its batch and in whatever order the workflows arrive: batching changes the speed,
-not the actions. Greedy decisions take the argmax of the masked logits.
+not the actions. Greedy decisions take the argmax of the masked logits. Each decision may say
+which it is (a learning server samples the decisions of its exploring requests only): greedy and
+sampled decisions share one policy call, the choice made per row inside it.
 
 (The lock-step rollouts of GraphPlanner's training, gp_jax/rl/rollout.run_episodes, batch their
 episodes themselves: every episode advances one step per policy call.)
@@ -52,8 +54,9 @@ class DecisionBatcher:
     runner: the batched policy, with its parameters set.
     buckets: padded batch sizes (e.g. gp_jax.rl.batch.padding_buckets); at most the largest is
       scored per call.
-    key: the sampling key (unused when greedy).
-    greedy: argmax decisions; else sampled with per-decision keys.
+    key: the sampling key (needed for sampled decisions).
+    greedy: the decisions' default: argmax; else sampled with per-decision keys (`decide` may
+      say otherwise for one decision).
     num_ids: ids per decision (the width of `decide`'s ids).
     prepare: applied to each batch's observations (on the loop), with the extras given to
       `decide`.
@@ -70,9 +73,10 @@ class DecisionBatcher:
     if not greedy and key is None:
       raise ValueError("sampled decisions need a key")
     self.runner, self.buckets = runner, tuple(sorted(buckets))
+    self.samples = key is not None
     self.key = key if key is not None else jax.random.PRNGKey(0)
     self.greedy, self.num_ids, self.prepare, self.executor = greedy, num_ids, prepare, executor
-    self._pending: list[tuple[dict, np.ndarray, Any, asyncio.Future]] = []
+    self._pending: list[tuple[dict, np.ndarray, bool, Any, asyncio.Future]] = []
     self._wake: asyncio.Event | None = None
     self._task: asyncio.Task | None = None
     self.calls = 0          # batched policy calls
@@ -93,41 +97,55 @@ class DecisionBatcher:
   def _prepared(self, obs: list[dict], extras: list[Any]) -> list[dict]:
     return self.prepare(list(obs), list(extras)) if self.prepare is not None else list(obs)
 
-  def _score(self, obs: list[dict], ids: list[np.ndarray], inputs: tuple | None = None
-             ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The padded policy call (any thread): actions, log-probabilities, values of the real rows."""
+  def _greedy(self, greedy: bool | None) -> bool:
+    greedy = self.greedy if greedy is None else bool(greedy)
+    if not greedy and not self.samples:
+      raise ValueError("sampled decisions need a key: this batcher was made without one")
+    return greedy
+
+  def _score(self, obs: list[dict], ids: list[np.ndarray], greedy: list[bool],
+             inputs: tuple | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The padded policy call (any thread): actions, log-probabilities, values of the real rows
+    (greedy: per row; the padding rows repeat the last)."""
     size = self.bucket(len(obs))
     batch = features_lib.stack(obs, pad_to=size)
-    id_rows = np.stack(list(ids) + [ids[-1]] * (size - len(ids)))
-    a, lp, v = self.runner.act_each(batch, self.key, id_rows, self.greedy, inputs=inputs)
+    pad = size - len(ids)
+    id_rows = np.stack(list(ids) + [ids[-1]] * pad)
+    greedy_rows = np.asarray(list(greedy) + [greedy[-1]] * pad, bool)
+    a, lp, v = self.runner.act_each(batch, self.key, id_rows, greedy_rows, inputs=inputs)
     n = len(obs)
     return a[:n], lp[:n], v[:n]
 
-  def act(self, obs: list[dict], ids: list[np.ndarray], extras: list[Any]
-          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+  def act(self, obs: list[dict], ids: list[np.ndarray], extras: list[Any],
+          greedy: Sequence[bool] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Actions, log-probabilities and values [n] of n <= the largest bucket decisions, now (one
-    padded policy call on this thread)."""
-    return self._score(self._prepared(obs, extras), ids)
+    padded policy call on this thread); greedy: per decision (None: the batcher's default)."""
+    greedy = [self.greedy] * len(obs) if greedy is None else [self._greedy(g) for g in greedy]
+    return self._score(self._prepared(obs, extras), ids, greedy)
 
   def warm_up(self, obs: dict, extra: Any = None) -> None:
-    """Compiles the policy for every batch size before the first decision."""
+    """Compiles the policy for every batch size before the first decision (greedy and sampled
+    rows are one compiled function: the choice is an input)."""
     for b in self.buckets:
       self.act([obs] * b, [self._ids([0] * self.num_ids)] * b, [extra] * b)
 
-  async def decide(self, obs: dict, ids: Sequence[int] = (0,), extra: Any = None) -> Decision:
+  async def decide(self, obs: dict, ids: Sequence[int] = (0,), extra: Any = None,
+                   greedy: bool | None = None) -> Decision:
     """The decision for one observation; awaits the next batched policy call.
 
     Args:
       obs: one observation (gp_jax.graph.features layout).
       ids: num_ids integers naming this decision: its sampling key is decision_key(key, ids).
       extra: passed to `prepare` with the observation.
+      greedy: argmax, or sampled (needs the batcher's key); None: the batcher's default.
     """
     loop = asyncio.get_running_loop()
+    row = (obs, self._ids(ids), self._greedy(greedy), extra)
     if self._task is None or self._task.done():
       self._wake = asyncio.Event()
       self._task = loop.create_task(self._serve())
     fut = loop.create_future()
-    self._pending.append((obs, self._ids(ids), extra, fut))
+    self._pending.append(row + (fut,))
     self._wake.set()
     return await fut
 
@@ -140,30 +158,30 @@ class DecisionBatcher:
       batch, self._pending = self._pending[:take], self._pending[take:]
       if self._pending:
         self._wake.set()
-      batch = [b for b in batch if not b[3].done()]   # cancelled (timed-out) workflows
+      batch = [b for b in batch if not b[4].done()]   # cancelled (timed-out) workflows
       if not batch:
         continue
       t0 = time.perf_counter()
       try:
-        obs = self._prepared([b[0] for b in batch], [b[2] for b in batch])
-        ids = [b[1] for b in batch]
+        obs = self._prepared([b[0] for b in batch], [b[3] for b in batch])
+        ids, greedy = [b[1] for b in batch], [b[2] for b in batch]
         if self.executor is None:
-          actions, logp, values = self._score(obs, ids)
+          actions, logp, values = self._score(obs, ids, greedy)
         else:   # the inputs are copied on the loop: consistent while the loop changes the sums
           actions, logp, values = await asyncio.get_running_loop().run_in_executor(
-              self.executor, self._score, obs, ids, self.runner.decision_inputs())
+              self.executor, self._score, obs, ids, greedy, self.runner.decision_inputs())
       except Exception as e:   # surfaced to every waiting workflow; the batcher keeps serving
         for b in batch:
-          if not b[3].done():
-            b[3].set_exception(e)
+          if not b[4].done():
+            b[4].set_exception(e)
         continue
       dt = time.perf_counter() - t0
       self.act_s += dt
       self.calls += 1
       self.decisions += len(batch)
       for b, a, lp, v in zip(batch, actions, logp, values):
-        if not b[3].done():
-          b[3].set_result(Decision(int(a), float(lp), float(v), dt / len(batch)))
+        if not b[4].done():
+          b[4].set_result(Decision(int(a), float(lp), float(v), dt / len(batch)))
 
   async def aclose(self) -> None:
     """Stops the batching task (decisions still waiting are cancelled with it)."""

@@ -216,6 +216,8 @@ class PolicyRunner:
     """As `act`, but each decision samples with its own key, decision_key(key, ids[i]) (ids
     [B, k] integers, one row per decision): a decision's action does not depend on which other
     decisions share its batch, so batched decisions are the unbatched ones (gp_jax/rl/decisions.py).
+    greedy: one bool for the batch, or one per decision [B] (greedy and sampled decisions in one
+    call: an input, not a compiled branch).
     inputs: from `decision_inputs` (a worker thread's call); None: the runner's current ones."""
     inputs = inputs if inputs is not None else (self.params, self.hub_features, self.hub_sum,
                                                 self.hub_count, self.stats_table())

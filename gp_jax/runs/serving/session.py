@@ -261,7 +261,7 @@ class RouterSession:
       # A new base every capacity/4 feedback rows: the whole-memory rewrite costs about 4
       # appended rows' bytes per appended row, and a restart replays at most a quarter of it.
       self.compact_rows = max(4096, self.history.capacity // 4)
-      self._start_policy(max_concurrency)
+      self._start_policy(max_concurrency, learn)
       self._start_learner(config, learn, versions_dir)
       if restored is None:   # the store holds the memory from the start (the checkpoint's)
         self.store.write_base(*self._snapshot())
@@ -301,20 +301,22 @@ class RouterSession:
     executors = system.space.roles.indices_of_kind("executor")
     self.executor = system.space.roles.roles[executors[0]]
 
-  def _start_policy(self, max_concurrency: int) -> None:
-    """The batched policy over the memory, compiled by one warm-up decision."""
+  def _start_policy(self, max_concurrency: int, learn: online.LearnSettings | None) -> None:
+    """The batched policy over the memory, compiled by one warm-up decision per batch size. A
+    learning server's exploring requests sample their decisions (with the learner's seed) in the
+    same policy calls as the greedy ones."""
     self.runner = rollout.PolicyRunner(self.model, self.featurizer.hub_features,
                                        max(BATCH_BUCKETS), featurizer=self.featurizer)
     self.runner.set_params(self.params, self.history if self.reads_memory else None)
     self.max_concurrency = max_concurrency
     buckets = tuple(b for b in BATCH_BUCKETS if b < max_concurrency) + (max_concurrency,)
-    self._buckets = buckets
     # One worker thread for the router's compute (policy calls, text encoding): off the event
     # loop, one at a time (JAX uses its own threads within a call).
     self._compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="router-compute")
     self._index = self._new_index()
     self.batcher = decisions.DecisionBatcher(
         self.runner, buckets, greedy=True, executor=self._compute,
+        key=jax.random.PRNGKey(learn.seed) if learn is not None else None,
         prepare=self._with_retrieval if self._index is not None else None)
     self.memory.attach(self.runner, self.params, on_evict=self._reset_index)
     self.batcher.warm_up(*self._warm_up_observation())
@@ -329,8 +331,7 @@ class RouterSession:
         self.env.mask(state)), q_emb
 
   def _start_learner(self, config, learn: online.LearnSettings | None, versions_dir) -> None:
-    """A learning server's learner, its version store (resuming the serving version) and the
-    sampled decisions of its exploring requests."""
+    """A learning server's learner and its version store (resuming the serving version)."""
     self.learner: online.OnlineLearner | None = None
     self.router_version: str | None = None
     self._trajectories: collections.OrderedDict[str, rollout.Episode] = collections.OrderedDict()
@@ -349,14 +350,8 @@ class RouterSession:
     self.router_version = self.learner.version
     if self.learner.version != "v0":   # a restart resumes the serving version
       self._swap(self.learner.params, self.learner.version)
-    obs, q_emb = self._warm_up_observation()
+    obs, _ = self._warm_up_observation()
     self.learner.warm_up(obs, self.history.view() if self.reads_memory else None)
-    self.sampler = decisions.DecisionBatcher(
-        self.runner, self._buckets, key=jax.random.PRNGKey(learn.seed), greedy=False,
-        executor=self._compute, prepare=self._with_retrieval if self._index is not None else None)
-    # The sampled policy is its own compiled function: compiled now, not by the first exploring
-    # requests of each batch size (each compile would hold up every decision behind it).
-    self.sampler.warm_up(obs, q_emb)
 
   def _swap(self, params, version: str) -> None:
     """New weights for the decisions (on the event loop, between batched policy calls: each
@@ -552,9 +547,8 @@ class RouterSession:
     """Decision `index` of request `rid`: greedy, or sampled for an exploring request (with its
     own key); a learning server's `episode` keeps what the policy saw and chose."""
     explore = self.explores(rid)
-    batcher = self.sampler if explore else self.batcher
     ids = (rollout.episode_seed("decision", rid, index),) if explore else (0,)
-    decision = await batcher.decide(obs, ids=ids, extra=q_emb)
+    decision = await self.batcher.decide(obs, ids=ids, extra=q_emb, greedy=not explore)
     if episode is not None:   # as a training rollout's episode records it
       episode.obs.append(obs)
       episode.actions.append(decision.action)
@@ -826,7 +820,6 @@ class RouterSession:
   async def aclose(self) -> None:
     await self.batcher.aclose()
     if self.learner is not None:
-      await self.sampler.aclose()
       await self.learner.aclose()
     await aio.cancel_and_wait(self._sync_task)
     try:
