@@ -52,10 +52,11 @@ HONEST = [f"user{j}" for j in range(8)]
 
 
 async def stream(url: str, queries, requests: int, clients: int, alpha: float,
-                 feedback: bool, poison_every: int = 0) -> list[dict]:
+                 feedback: bool, poison_every: int = 0, rate: float = 0.0) -> list[dict]:
   """Sends the stream; returns per request its served reward and router overhead per decision.
   poison_every > 0: request i is mallory's when i % poison_every == 0 (inverted feedback), else
-  an honest key's."""
+  an honest key's. rate > 0: request i is sent no earlier than i / rate seconds after the first
+  (the clients' waves paced; 0: each wave as soon as the last is answered)."""
   def make(key):
     return openai.AsyncOpenAI(base_url=url + "/v1", api_key=key, max_retries=0, timeout=120)
   clients_by_key = {k: make(k) for k in HONEST + ["mallory"]} if poison_every else {}
@@ -91,8 +92,11 @@ async def stream(url: str, queries, requests: int, clients: int, alpha: float,
     return dict(reward=score - alpha * reward_lib.cost_units(ext["cost_usd"]),
                 overhead=t["router_s"] / max(t["decisions"], 1), version=ext.get("version"),
                 answered=True)
+  t0 = asyncio.get_running_loop().time()
   try:
     for start in range(0, requests, clients):
+      if rate > 0:
+        await asyncio.sleep(max(0.0, t0 + start / rate - asyncio.get_running_loop().time()))
       out += await asyncio.gather(*[one(i) for i in range(start, min(start + clients, requests))])
   finally:
     for c in [default, *clients_by_key.values()]:

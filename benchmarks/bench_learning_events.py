@@ -9,7 +9,9 @@ as the drift study retrains). Four servers, each from a fresh served-state folde
 drift study's event (serve_router --sim_event=EVENT --sim_event_t=T: its LLM, delta and price
 scale) and get the same stream: the seed's training queries in order, --requests of them (no
 cycling: request i is training query i, so the requests i >= T are post-event), --clients at a
-time with the official openai client (benchmarks/bench_learning.stream). Each answer is scored as
+time with the official openai client (benchmarks/bench_learning.stream; with --rate R request i is
+sent no earlier than i / R seconds after the first, else each wave as soon as the last is
+answered). Each answer is scored as
 a client with the task metric would score it (exact match of the final answer; an unanswered
 request, 502, scores 0 and its feedback is 0), its served reward is score - alpha x cost:
   frozen     no feedback;
@@ -88,7 +90,8 @@ def serve_arm(arm: str, workdir, event: pool_events.ServedEvent, queries, args, 
                               folder / "server.log").start()
   try:
     return asyncio.run(bench_learning.stream(srv.url, queries, args.requests, args.clients,
-                                             alpha, feedback=arm in ("memory", "learning")))
+                                             alpha, feedback=arm in ("memory", "learning"),
+                                             rate=args.rate))
   finally:
     srv.stop()
 
@@ -157,7 +160,7 @@ def summary(by_seed: dict, event: pool_events.ServedEvent, args) -> dict:
          if not math.isnan(c["mean"]) and not math.isnan(c["half"])}
   return dict(event=event.to_dict(), seeds=seeds, requests=args.requests, window=args.window,
               n_train=args.n_train, episodes=args.episodes, clients=args.clients,
-              learn_args=args.learn_args, closure_window=[lo, hi], reduced_size=reduced,
+              rate=args.rate, learn_args=args.learn_args, closure_window=[lo, hi], reduced_size=reduced,
               windows=windows, closure_means=means, closure=closure, target_met=met)
 
 
@@ -191,7 +194,8 @@ def print_summary(s: dict) -> None:
   e = s["event"]
   print(f"\n{e['kind']} ({e['llm']}, delta {e['delta']:g}, price scale {e['price_scale']:g}) at "
         f"request {e['t']}; seeds {s['seeds']}; {s['requests']} requests, {s['clients']} at a "
-        f"time; routers: test config, n_train {s['n_train']}, {s['episodes']} episodes; "
+        f"time, " + (f"paced at {s['rate']:g} requests/s" if s.get("rate") else "unpaced") +
+        f"; routers: test config, n_train {s['n_train']}, {s['episodes']} episodes; "
         f"learning: {s['learn_args']}" + "; REDUCED SIZE: " + "; ".join(s["reduced_size"]))
   print("| requests | " + " | ".join(ARMS) + " |")
   print("|---" * (len(ARMS) + 1) + "|")
@@ -221,15 +225,19 @@ def main():
   ap.add_argument("--episodes", type=int, default=192, help="training episodes per router")
   ap.add_argument("--window", type=int, default=50)
   ap.add_argument("--clients", type=int, default=8)
+  ap.add_argument("--rate", type=float, default=0.0,
+                  help="requests per second (0: each wave of --clients as soon as the last is "
+                       "answered)")
   ap.add_argument("--learn_args", default="--learn_every=32")
   ap.add_argument("--out", default="")
   args = ap.parse_args()
   args.n_train = args.n_train or args.requests
   seeds = [int(x) for x in config_lists.names(args.seeds)]
   if (args.requests < 1 or args.window < 2 or args.clients < 1 or not seeds
-      or args.n_train < args.requests or args.episodes < 1):
+      or args.n_train < args.requests or args.episodes < 1 or not args.rate >= 0):
     raise SystemExit("error: need --requests >= 1, --window >= 2, --clients >= 1, seeds, "
-                     "--episodes >= 1 and --n_train >= --requests (the stream does not cycle)")
+                     "--episodes >= 1, --rate >= 0 and --n_train >= --requests (the stream does "
+                     "not cycle)")
   if not 0 < args.event_at + CLOSURE_AFTER < args.requests:
     raise SystemExit(f"error: --event_at + {CLOSURE_AFTER} must lie inside the stream of "
                      f"{args.requests} requests")
