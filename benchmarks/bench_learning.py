@@ -24,7 +24,7 @@ shares `stream`). An unanswered request (502) scores 0 at the cost it spent; its
 (1 from mallory).
 
   python benchmarks/bench_learning.py [--workdir DIR] [--requests 384] [--window 64] \
-      [--clients 8] [--learn_args=--learn_every=32] [--poison 0.2]
+      [--clients 8] [--rate 0] [--learn_args=--learn_every=32] [--poison 0.2]
 
 Without --workdir a router is trained with experiments/configs/test.py into a temporary folder.
 """
@@ -110,12 +110,15 @@ def main():
   ap.add_argument("--requests", type=int, default=384)
   ap.add_argument("--window", type=int, default=64)
   ap.add_argument("--clients", type=int, default=8)
+  ap.add_argument("--rate", type=float, default=0.0,
+                  help="requests per second (0: each wave of --clients as soon as the last is "
+                       "answered)")
   ap.add_argument("--learn_args", default="--learn_every=32")
   ap.add_argument("--poison", type=float, default=0.0,
                   help="share of the stream from a key sending inverted feedback (0: not run)")
   args = ap.parse_args()
-  if args.requests < 1 or args.window < 2 or args.clients < 1:
-    raise SystemExit("error: --requests >= 1, --window >= 2 and --clients >= 1")
+  if args.requests < 1 or args.window < 2 or args.clients < 1 or not args.rate >= 0:
+    raise SystemExit("error: --requests >= 1, --window >= 2, --clients >= 1 and --rate >= 0")
   tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench_learning_"))
   workdir = pathlib.Path(args.workdir) if args.workdir else tmp / "router"
   if not args.workdir:
@@ -142,11 +145,13 @@ def main():
     try:
       results[mode] = asyncio.run(stream(srv.url, queries, args.requests, args.clients, alpha,
                                          feedback=mode != "frozen",
-                                         poison_every=poison_every if mode in POISONED else 0))
+                                         poison_every=poison_every if mode in POISONED else 0,
+                                         rate=args.rate))
     finally:
       srv.stop()
-  print(f"workdir {workdir}; {args.requests} requests, {args.clients} at a time; "
-        f"learning: {args.learn_args}")
+  print(f"workdir {workdir}; {args.requests} requests, {args.clients} at a time, "
+        + (f"paced at {args.rate:g} requests/s" if args.rate else "unpaced")
+        + f"; learning: {args.learn_args}")
   print("| window | " + " | ".join(f"{m} reward (95% CI)" for m in MODES) +
         " | learning - frozen (paired 95% CI) |")
   print("|---" * (len(MODES) + 2) + "|")
