@@ -160,7 +160,8 @@ def summary(by_seed: dict, event: pool_events.ServedEvent, args) -> dict:
          if not math.isnan(c["mean"]) and not math.isnan(c["half"])}
   return dict(event=event.to_dict(), seeds=seeds, requests=args.requests, window=args.window,
               n_train=args.n_train, episodes=args.episodes, clients=args.clients,
-              rate=args.rate, learn_args=args.learn_args, closure_window=[lo, hi], reduced_size=reduced,
+              rate=args.rate, learn_args=args.learn_args, closure_window=[lo, hi],
+              reduced_size=reduced,
               windows=windows, closure_means=means, closure=closure, target_met=met)
 
 
