@@ -47,8 +47,7 @@ class RouterProcess:
 
   def start(self) -> "RouterProcess":
     cmd = [sys.executable, "-m", "experiments.serve_router", "--port=0"] + self.args
-    env = dict(os.environ, PYTHONPATH=str(paths.REPO_ROOT) + os.pathsep +
-               os.environ.get("PYTHONPATH", ""))
+    env = paths.child_env()
     self.log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(self.log_path, "w") as log:
       self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT,

@@ -23,7 +23,7 @@ import asyncio
 import concurrent.futures
 import dataclasses
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import numpy as np
@@ -32,6 +32,15 @@ from gp_jax.graph import features as features_lib
 from gp_jax.rl import rollout
 from gp_jax.util import aio
 from gp_jax.util import buckets as buckets_lib
+
+
+class _Waiting(NamedTuple):
+  """A decision waiting for the next batched call."""
+  obs: dict
+  ids: np.ndarray
+  greedy: bool
+  extra: Any
+  future: asyncio.Future
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,13 +79,12 @@ class DecisionBatcher:
                executor: concurrent.futures.Executor | None = None):
     if not buckets or min(buckets) < 1:
       raise ValueError(f"decision batch sizes must be >= 1, got {list(buckets)}")
-    if not greedy and key is None:
-      raise ValueError("sampled decisions need a key")
     self.runner, self.buckets = runner, tuple(sorted(buckets))
     self.samples = key is not None
     self.key = key if key is not None else jax.random.PRNGKey(0)
-    self.greedy, self.num_ids, self.prepare, self.executor = greedy, num_ids, prepare, executor
-    self._pending: list[tuple[dict, np.ndarray, bool, Any, asyncio.Future]] = []
+    self.num_ids, self.prepare, self.executor = num_ids, prepare, executor
+    self.greedy = self._greedy(greedy)
+    self._pending: list[_Waiting] = []
     self._wake: asyncio.Event | None = None
     self._task: asyncio.Task | None = None
     self.calls = 0          # batched policy calls
@@ -98,6 +106,7 @@ class DecisionBatcher:
     return self.prepare(list(obs), list(extras)) if self.prepare is not None else list(obs)
 
   def _greedy(self, greedy: bool | None) -> bool:
+    """A decision's kind (None: the batcher's default); sampling needs the batcher's key."""
     greedy = self.greedy if greedy is None else bool(greedy)
     if not greedy and not self.samples:
       raise ValueError("sampled decisions need a key: this batcher was made without one")
@@ -116,12 +125,11 @@ class DecisionBatcher:
     n = len(obs)
     return a[:n], lp[:n], v[:n]
 
-  def act(self, obs: list[dict], ids: list[np.ndarray], extras: list[Any],
-          greedy: Sequence[bool] | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """Actions, log-probabilities and values [n] of n <= the largest bucket decisions, now (one
-    padded policy call on this thread); greedy: per decision (None: the batcher's default)."""
-    greedy = [self.greedy] * len(obs) if greedy is None else [self._greedy(g) for g in greedy]
-    return self._score(self._prepared(obs, extras), ids, greedy)
+  def act(self, obs: list[dict], ids: list[np.ndarray], extras: list[Any]
+          ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Actions, log-probabilities and values [n] of n <= the largest bucket decisions of the
+    batcher's default kind, now (one padded policy call on this thread)."""
+    return self._score(self._prepared(obs, extras), ids, [self.greedy] * len(obs))
 
   def warm_up(self, obs: dict, extra: Any = None) -> None:
     """Compiles the policy for every batch size before the first decision (greedy and sampled
@@ -140,12 +148,12 @@ class DecisionBatcher:
       greedy: argmax, or sampled (needs the batcher's key); None: the batcher's default.
     """
     loop = asyncio.get_running_loop()
-    row = (obs, self._ids(ids), self._greedy(greedy), extra)
+    ids, greedy = self._ids(ids), self._greedy(greedy)
     if self._task is None or self._task.done():
       self._wake = asyncio.Event()
       self._task = loop.create_task(self._serve())
     fut = loop.create_future()
-    self._pending.append(row + (fut,))
+    self._pending.append(_Waiting(obs, ids, greedy, extra, fut))
     self._wake.set()
     return await fut
 
@@ -158,13 +166,13 @@ class DecisionBatcher:
       batch, self._pending = self._pending[:take], self._pending[take:]
       if self._pending:
         self._wake.set()
-      batch = [b for b in batch if not b[4].done()]   # cancelled (timed-out) workflows
+      batch = [b for b in batch if not b.future.done()]   # cancelled (timed-out) workflows
       if not batch:
         continue
       t0 = time.perf_counter()
       try:
-        obs = self._prepared([b[0] for b in batch], [b[3] for b in batch])
-        ids, greedy = [b[1] for b in batch], [b[2] for b in batch]
+        obs = self._prepared([b.obs for b in batch], [b.extra for b in batch])
+        ids, greedy = [b.ids for b in batch], [b.greedy for b in batch]
         if self.executor is None:
           actions, logp, values = self._score(obs, ids, greedy)
         else:   # the inputs are copied on the loop: consistent while the loop changes the sums
@@ -172,16 +180,16 @@ class DecisionBatcher:
               self.executor, self._score, obs, ids, greedy, self.runner.decision_inputs())
       except Exception as e:   # surfaced to every waiting workflow; the batcher keeps serving
         for b in batch:
-          if not b[4].done():
-            b[4].set_exception(e)
+          if not b.future.done():
+            b.future.set_exception(e)
         continue
       dt = time.perf_counter() - t0
       self.act_s += dt
       self.calls += 1
       self.decisions += len(batch)
       for b, a, lp, v in zip(batch, actions, logp, values):
-        if not b[4].done():
-          b[4].set_result(Decision(int(a), float(lp), float(v), dt / len(batch)))
+        if not b.future.done():
+          b.future.set_result(Decision(int(a), float(lp), float(v), dt / len(batch)))
 
   async def aclose(self) -> None:
     """Stops the batching task (decisions still waiting are cancelled with it)."""

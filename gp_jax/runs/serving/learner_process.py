@@ -84,8 +84,7 @@ class LearnerProcess:
     return self._proc.pid if self._proc is not None else None
 
   def _start(self) -> None:
-    env = dict(os.environ, PYTHONPATH=str(paths.REPO_ROOT) + os.pathsep +
-               os.environ.get("PYTHONPATH", ""))
+    env = paths.child_env()
     self._proc = subprocess.Popen(
         [sys.executable, "-m", "gp_jax.runs.serving.learner_process"], stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, env=env, cwd=str(paths.REPO_ROOT))
