@@ -11,7 +11,7 @@ scale) and get the same stream: the seed's training queries in order, --requests
 cycling: request i is training query i, so the requests i >= T are post-event), --clients at a
 time with the official openai client (benchmarks/bench_learning.stream; with --rate R request i is
 sent no earlier than i / R seconds after the first, else each wave as soon as the last is
-answered). Each answer is scored as
+answered; --rate_arms names the arms paced, the others unpaced). Each answer is scored as
 a client with the task metric would score it (exact match of the final answer; an unanswered
 request, 502, scores 0 and its feedback is 0), its served reward is score - alpha x cost:
   frozen     no feedback;
@@ -91,7 +91,7 @@ def serve_arm(arm: str, workdir, event: pool_events.ServedEvent, queries, args, 
   try:
     return asyncio.run(bench_learning.stream(srv.url, queries, args.requests, args.clients,
                                              alpha, feedback=arm in ("memory", "learning"),
-                                             rate=args.rate))
+                                             rate=args.rate if arm in args.rate_arms else 0.0))
   finally:
     srv.stop()
 
@@ -160,7 +160,8 @@ def summary(by_seed: dict, event: pool_events.ServedEvent, args) -> dict:
          if not math.isnan(c["mean"]) and not math.isnan(c["half"])}
   return dict(event=event.to_dict(), seeds=seeds, requests=args.requests, window=args.window,
               n_train=args.n_train, episodes=args.episodes, clients=args.clients,
-              rate=args.rate, learn_args=args.learn_args, closure_window=[lo, hi],
+              rate=args.rate, rate_arms=list(args.rate_arms), learn_args=args.learn_args,
+              closure_window=[lo, hi],
               reduced_size=reduced,
               windows=windows, closure_means=means, closure=closure, target_met=met)
 
@@ -195,7 +196,8 @@ def print_summary(s: dict) -> None:
   e = s["event"]
   print(f"\n{e['kind']} ({e['llm']}, delta {e['delta']:g}, price scale {e['price_scale']:g}) at "
         f"request {e['t']}; seeds {s['seeds']}; {s['requests']} requests, {s['clients']} at a "
-        f"time, " + (f"paced at {s['rate']:g} requests/s" if s.get("rate") else "unpaced") +
+        f"time, " + (f"paced at {s['rate']:g} requests/s ({', '.join(s['rate_arms'])}; the "
+                     "others unpaced)" if s.get("rate") else "unpaced") +
         f"; routers: test config, n_train {s['n_train']}, {s['episodes']} episodes; "
         f"learning: {s['learn_args']}" + "; REDUCED SIZE: " + "; ".join(s["reduced_size"]))
   print("| requests | " + " | ".join(ARMS) + " |")
@@ -229,11 +231,17 @@ def main():
   ap.add_argument("--rate", type=float, default=0.0,
                   help="requests per second (0: each wave of --clients as soon as the last is "
                        "answered)")
+  ap.add_argument("--rate_arms", default=",".join(ARMS),
+                  help="the arms --rate paces (comma separated; the others are unpaced)")
   ap.add_argument("--learn_args", default="--learn_every=32")
   ap.add_argument("--out", default="")
   args = ap.parse_args()
   args.n_train = args.n_train or args.requests
   seeds = [int(x) for x in config_lists.names(args.seeds)]
+  args.rate_arms = tuple(config_lists.names(args.rate_arms))
+  if set(args.rate_arms) - set(ARMS):
+    raise SystemExit(f"error: --rate_arms names unknown arms "
+                     f"{sorted(set(args.rate_arms) - set(ARMS))} (arms: {', '.join(ARMS)})")
   if (args.requests < 1 or args.window < 2 or args.clients < 1 or not seeds
       or args.n_train < args.requests or args.episodes < 1 or not args.rate >= 0):
     raise SystemExit("error: need --requests >= 1, --window >= 2, --clients >= 1, seeds, "
