@@ -161,9 +161,8 @@ def summary(by_seed: dict, event: pool_events.ServedEvent, args) -> dict:
   return dict(event=event.to_dict(), seeds=seeds, requests=args.requests, window=args.window,
               n_train=args.n_train, episodes=args.episodes, clients=args.clients,
               rate=args.rate, rate_arms=list(args.rate_arms), learn_args=args.learn_args,
-              closure_window=[lo, hi],
-              reduced_size=reduced,
-              windows=windows, closure_means=means, closure=closure, target_met=met)
+              closure_window=[lo, hi], reduced_size=reduced, windows=windows,
+              closure_means=means, closure=closure, target_met=met)
 
 
 def figure(s: dict, path: pathlib.Path) -> None:
@@ -239,9 +238,9 @@ def main():
   args.n_train = args.n_train or args.requests
   seeds = [int(x) for x in config_lists.names(args.seeds)]
   args.rate_arms = tuple(config_lists.names(args.rate_arms))
-  if set(args.rate_arms) - set(ARMS):
-    raise SystemExit(f"error: --rate_arms names unknown arms "
-                     f"{sorted(set(args.rate_arms) - set(ARMS))} (arms: {', '.join(ARMS)})")
+  unknown = sorted(set(args.rate_arms) - set(ARMS))
+  if unknown:
+    raise SystemExit(f"error: --rate_arms names unknown arms {unknown} (arms: {', '.join(ARMS)})")
   if (args.requests < 1 or args.window < 2 or args.clients < 1 or not seeds
       or args.n_train < args.requests or args.episodes < 1 or not args.rate >= 0):
     raise SystemExit("error: need --requests >= 1, --window >= 2, --clients >= 1, seeds, "
