@@ -68,6 +68,17 @@ class System:
                                describe=self.describe, scorer=self.scorer, sampling=self.sampling,
                                expected_utility=expected, llm_mask=self.llm_mask())
 
+  def with_pool_events(self, events: sim_events.PoolEvents | None) -> "System":
+    """This system with its simulated pool under `events` instead of the configured ones (the
+    same queries, featurizer and action space). Raises ConfigError unless the simulator answers
+    the calls directly (a replay cache is keyed by messages, which events do not change)."""
+    if self.world is None or not isinstance(self.pool, sim.SimulatorPool):
+      raise errors.ConfigError("other pool events need the simulator backend without a replay "
+                               "cache")
+    world = self.world.with_events(events)
+    return dataclasses.replace(self, world=world,
+                               pool=sim.SimulatorPool(self.catalog, self.space.roles, world))
+
   def llm_mask(self) -> env_lib.LLMMask | None:
     """The LLMs present at an episode's query under the simulator's join events (None: all)."""
     events = self.world.events if self.world is not None else None

@@ -32,6 +32,7 @@ from gp_jax import config_lists
 from gp_jax import errors
 
 KINDS = ("quality", "price", "join", "fail")
+NEVER = 2 ** 62   # a position no query stream reaches
 
 
 @dataclasses.dataclass(frozen=True)
@@ -127,6 +128,20 @@ class PoolEvents:
   def present_mask(self, llms: Sequence[str], key: str) -> np.ndarray:
     """bool [len(llms)]: the LLMs in the pool at the query of `key` (joins not yet made are not)."""
     return np.array([not self.absent(m, key) for m in llms], bool)
+
+  def at(self, key: str, splits: Sequence[str]) -> "PoolEvents | None":
+    """The pool as it is at the node `key`, as events on every query of `splits`: each event
+    that acts at `key` from position 0, each join not yet made there as a join that never comes
+    (its LLM absent throughout); None when the pool at `key` is the configured one."""
+    split, i = query_position(key)
+    out = []
+    for e in self.events:
+      if e.kind == "join":
+        if split in self.splits and i < e.t:
+          out.append(dataclasses.replace(e, t=NEVER))
+      elif self._on(e, key):
+        out.append(dataclasses.replace(e, t=0))
+    return PoolEvents(out, splits) if out else None
 
 
 def from_config(c, *, llms: Sequence[str], domains: Iterable[str], tasks: Iterable[str]

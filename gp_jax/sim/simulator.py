@@ -52,6 +52,7 @@ without events nothing of the above changes.
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import json
@@ -248,6 +249,13 @@ class SimWorld:
     self.thoughts: dict[str, float] = {}     # thinker notes text -> tau
     self._children_cache: dict[tuple, list[NodeInfo]] = {}
     self._tokens_cache: dict[tuple, int] = {}
+
+  def with_events(self, events: sim_events.PoolEvents | None) -> "SimWorld":
+    """The same world under other pool events: it shares this one's registry of texts and its
+    caches (neither depends on the events), so a text either knows is known to both."""
+    other = copy.copy(self)
+    other.events = events or None
+    return other
 
   # ---- queries -------------------------------------------------------------------------------
   def sample_queries(self, n: int, *, seed: int, split: str, tasks: Sequence[str] = SEEN_TASKS

@@ -221,3 +221,29 @@ def test_query_position():
   assert sim_events.query_position("few-shot-3-4/qwen/3/1/x/2") == ("few-shot", 4)
   with pytest.raises(ValueError, match="not a simulated query key"):
     sim_events.query_position("gsm8k-17")
+
+
+def test_pool_at_a_query_as_events_on_another_split(tiny_world):
+  """PoolEvents.at: the pool one query met, carried to every query of another split; a world
+  under those events (SimWorld.with_events) answers the other split as that pool does."""
+  events = sim_events.PoolEvents([EVENTS["quality"], EVENTS["price"],
+                                  sim_events.PoolEvent("join", Y, T + 1)], (SPLIT,))
+  before, after = f"{SPLIT}-7-{T - 1}", f"{SPLIT}-7-{T + 1}/x/2/0"
+  assert [(e.kind, e.t) for e in events.at(before, ["other"]).events] == \
+      [("join", sim_events.NEVER)]                      # only Y's join, not yet made
+  at = events.at(after, ["other"])
+  assert [(e.kind, e.llm, e.t) for e in at.events] == [("quality", X, 0), ("price", X, 0)]
+  assert at.splits == ("other",) and at.events[0].delta == -3.0 and at.events[1].scale == 3.0
+  assert events.at("other-7-9", ["other"]) is None       # a split the events do not follow
+  plain = sim.SimWorld(tiny_world["world"].profiles)
+  moved = plain.with_events(at)
+  assert plain.events is None and moved.events is at
+  queries = plain.sample_queries(3, seed=7, split="other")
+  for q in queries:   # the registry is shared: texts sampled by one are known to the other
+    node = moved.lookup(q.query)
+    assert node is plain.lookup(q.query)
+    p0 = plain.exec_probability(node, X)
+    assert moved.exec_probability(node, X) == pytest.approx(
+        sim._sigmoid(sim._logit(p0) - 3.0), abs=1e-12)
+    assert moved.exec_probability(node, Y) == plain.exec_probability(node, Y)
+  assert plain.with_events(events.at(before, ["other"])).events.absent(Y, "other-7-0")

@@ -24,8 +24,9 @@ Guards, in this order, before a candidate may serve:
                halvings), the first within the bound; refused only when none is.
   canary       the candidate and the serving weights both run the canary queries (held-out
                simulator queries, the test split the router never trained on) greedily, scored
-               by the simulator's expected utility minus alpha x cost; a candidate worse than
-               the serving weights by more than `canary_margin` is rejected.
+               by the simulator's expected utility minus alpha x cost, on the pool the latest
+               served query of the update met (online_update.py); a candidate worse than the
+               serving weights by more than `canary_margin` is rejected.
 A rejected candidate is dropped (its episodes with it), logged and counted (/metrics); an
 accepted one becomes a new version (versions.py: an orbax checkpoint with its parent, the
 feedback ids it learned from and both canary scores) and is swapped in on the event loop, where

@@ -15,6 +15,12 @@ own process (learner_process.py) and, in tests, in the caller's.
   canary   both weights run the canary queries (the first `canary_size` of the simulated test
            split) greedily, scored by the simulator's expected utility minus alpha x cost; a
            candidate worse than the serving weights by more than `canary_margin` is refused.
+           The canary follows the pool: its queries meet the pool that the latest of the
+           update's served queries met (a served pool event that acts there acts on every
+           canary query; gp_jax/sim/events.PoolEvents.at), so after the pool changes a
+           candidate is judged on the pool it will serve, not on the one the router trained on.
+           Without served events, or when no served query of the update is a simulated one,
+           the canary meets the configured pool.
 """
 from __future__ import annotations
 
@@ -30,6 +36,9 @@ from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
 from gp_jax.runs import ppo_config
+from gp_jax.sim import events as sim_events
+
+CANARY_SPLIT = "test"   # the simulated split the canary queries come from
 
 
 def shortened(serving, update, beta: float):
@@ -53,9 +62,10 @@ def policy_kl(old_logits: np.ndarray, new_logits: np.ndarray, mask: np.ndarray,
 
 
 def learning_episode(episode: rollout.Episode) -> rollout.Episode:
-  """What the update reads of a served episode (its decisions and rewards), without the query
-  and workflow state that it does not read (smaller to send to the learner's process)."""
-  return rollout.Episode(None, None, 0, None, None, None, obs=list(episode.obs),
+  """What the update reads of a served episode (its decisions and rewards, and its query, whose
+  position tells the canary the pool it met), without the workflow state and embeddings that it
+  does not read (smaller to send to the learner's process)."""
+  return rollout.Episode(episode.query, None, 0, None, None, None, obs=list(episode.obs),
                          actions=list(episode.actions), logp=list(episode.logp),
                          values=list(episode.values), rewards=list(episode.rewards),
                          utility=float(episode.utility))
@@ -82,7 +92,8 @@ class GuardedUpdate:
     self.max_calls = ppo_config.max_calls(system)
     self.alpha = float(config.alpha)
     self.canary_queries = list(system.test_queries[:settings.canary_size])
-    self.canary_env = system.env(self.alpha, reward="expected")
+    self.system = system
+    self._canary_envs = {None: system.env(self.alpha, reward="expected")}   # by pool events
     # The guards' own policy (canary rollouts and the KL's logits), apart from the serving one.
     self.runner = rollout.PolicyRunner(model, system.featurizer.hub_features,
                                        len(self.canary_queries), featurizer=system.featurizer)
@@ -104,7 +115,7 @@ class GuardedUpdate:
     jax.block_until_ready(self.update(jax.tree_util.tree_map(jnp.array, state),
                                       self.hub_features, hist, batch))
     self._logits(state.params, batch.transitions["obs"], view)
-    self.canary(state.params, view)
+    self.canary(state.params, view, None)
 
   def step(self, state: ppo.TrainingState, episodes: list[rollout.Episode], view) -> dict:
     """One update of `state` (the serving learner state) from `episodes` over the memory `view`,
@@ -122,7 +133,8 @@ class GuardedUpdate:
     obs, weights = batch.transitions["obs"], batch.transitions["weights"]
     params, beta, full_kl, kl = self.backtrack(state.params, new.params, obs, weights, view)
     new = new.replace(params=params)
-    verdict = self.judge(state.params, new.params, obs, weights, view, kl=kl)
+    verdict = self.judge(state.params, new.params, obs, weights, view, kl=kl,
+                         pool=self.canary_pool(episodes))
     return dict(verdict, state=new, metrics=metrics, seconds=seconds, beta=beta,
                 full_step_kl=full_kl)
 
@@ -145,11 +157,12 @@ class GuardedUpdate:
     return candidate, beta, full, kl
 
   def judge(self, serving, candidate, obs: dict, weights: np.ndarray, view,
-            kl: float | None = None) -> dict:
+            kl: float | None = None, pool: sim_events.PoolEvents | None = None) -> dict:
     """The KL and canary guards on `candidate` against the `serving` weights: {kl, canary
-    (parent and candidate rewards; None when the KL guard already refused), reason (None: the
-    candidate may serve; "kl" or "canary"), why}. obs, weights: the update's decisions; kl:
-    the candidate's KL when already computed (backtrack)."""
+    (parent and candidate rewards, the canary's pool events; None when the KL guard already
+    refused), reason (None: the candidate may serve; "kl" or "canary"), why}. obs, weights: the
+    update's decisions; kl: the candidate's KL when already computed (backtrack); pool: the
+    canary's pool events (canary_pool; None: the configured pool)."""
     s = self.settings
     if kl is None:
       kl = policy_kl(self._logits(serving, obs, view), self._logits(candidate, obs, view),
@@ -157,8 +170,9 @@ class GuardedUpdate:
     out = dict(kl=kl, canary=None, reason=None, why="")
     if kl > s.max_kl:
       return dict(out, reason="kl", why=f"KL {kl:.4g} > max_kl {s.max_kl:g}")
-    old, new = self.canary(serving, view), self.canary(candidate, view)
-    out["canary"] = dict(parent=old, candidate=new, queries=len(self.canary_queries))
+    old, new = self.canary(serving, view, pool), self.canary(candidate, view, pool)
+    out["canary"] = dict(parent=old, candidate=new, queries=len(self.canary_queries),
+                         pool=[dataclasses.asdict(e) for e in pool.events] if pool else [])
     if new < old - s.canary_margin:
       return dict(out, reason="canary", why=f"canary reward {new:.4f} < serving {old:.4f} - "
                   f"margin {s.canary_margin:g}")
@@ -168,12 +182,29 @@ class GuardedUpdate:
     self.runner.set_params(params, view)
     return self.runner.scores(obs)[0]
 
-  def canary(self, params, view) -> float:
+  def canary_pool(self, episodes: list[rollout.Episode]) -> sim_events.PoolEvents | None:
+    """The canary's pool (module docstring): the pool the latest of `episodes` whose query is a
+    simulated one met, as events on the canary's split; None for the configured pool."""
+    world = self.system.world
+    if world is None or world.events is None:
+      return None
+    for e in reversed(episodes):
+      node = world.lookup(e.query.query) if e.query is not None else None
+      if node is not None:
+        return world.events.at(node.key, splits=(CANARY_SPLIT,))
+    return None
+
+  def canary(self, params, view, pool: sim_events.PoolEvents | None = None) -> float:
     """Mean reward (expected utility - alpha x cost) of greedy episodes of the canary queries
-    with `params` over the memory `view` (frozen: the episodes do not join it)."""
+    with `params` over the memory `view` (frozen: the episodes do not join it), on the pool
+    under the events `pool` (None: the configured pool)."""
+    key = pool.events if pool else None
+    if key not in self._canary_envs:
+      self._canary_envs[key] = self.system.with_pool_events(pool).env(self.alpha,
+                                                                      reward="expected")
     self.runner.set_params(params, view)
     episodes = asyncio.run(rollout.run_episodes(
-        self.canary_env, self.featurizer, self.runner, self.canary_queries,
+        self._canary_envs[key], self.featurizer, self.runner, self.canary_queries,
         key=jax.random.PRNGKey(0), greedy=True, history=view, grow_history=False,
         seed_salt="canary"))
     return float(np.mean([e.episode_return for e in episodes]))

@@ -9,8 +9,10 @@ request t (first pass). Requests for other texts (adopted queries) never meet it
 
 `apply` turns one ServedEvent into the served config's data.sim_events: the recorded events are
 replaced by this one (a router retrained on a changed pool serves with only the event given here),
-with splits = "train". The held-out canary queries of a learning server (the test split) keep the
-pre-event pool. The join event changes the action space (the pool gains an LLM) and is not served.
+with splits = "train". The held-out canary queries of a learning server (the test split) meet
+the pool the latest served query of an update met: the event once the stream has passed t
+(online_update.GuardedUpdate.canary_pool). The join event changes the action space (the pool
+gains an LLM) and is not served.
 """
 from __future__ import annotations
 

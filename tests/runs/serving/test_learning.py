@@ -20,11 +20,14 @@ import pytest
 from experiments.configs import test as test_config
 from gp_jax.graph import features as features_lib
 from gp_jax.rl import loop as rl_loop
+from gp_jax.rl import rollout
 from gp_jax.runs import ppo_config
+from gp_jax.runs import system as system_lib
 from gp_jax.runs.serving import auth
 from gp_jax.runs.serving import learner_process
 from gp_jax.runs.serving import online
 from gp_jax.runs.serving import online_update
+from gp_jax.runs.serving import pool_events
 from experiments import serve_router_process as process
 from gp_jax.runs.serving import session as session_lib
 from gp_jax.runs.serving import versions as versions_lib
@@ -230,6 +233,51 @@ def test_canary_guard_rejects_a_worse_candidate_and_kl_guard_a_far_one(workdir, 
     assert beta == 1.0 and learner.judge(a, got, obs, weights, view)["reason"] == "kl"
   finally:
     asyncio.run(s.aclose())
+
+
+def test_canary_follows_the_pool_the_latest_served_query_met(workdir):
+  """A served fail event at training position T: an update whose latest served query comes
+  before T is judged on the configured pool, one whose latest comes at or after T on the pool
+  with the event on every canary query (and the canary's reward changes with it for an LLM the
+  router calls there)."""
+  t = 3
+  base = session_lib.load_config(workdir)
+  s = session_lib.RouterSession(base, workdir, max_concurrency=2)
+  try:
+    params, view = s.params, s.history.view()
+    settings = online.LearnSettings(every=4, canary_size=4)
+    plain = online_update.GuardedUpdate(settings, config=base, system=s.system, model=s.model)
+    configured = plain.canary(params, view)
+    moved = {}
+    for llm in LLMS:
+      config = pool_events.apply(base, pool_events.ServedEvent("fail", llm, t, 0.0, 1.0))
+      system = system_lib.build(config)
+      learner = online_update.GuardedUpdate(settings, config=config, system=system,
+                                            model=s.model)
+      train = system.train_queries
+      episode = lambda i: rollout.Episode(train[i], None, 0, None, None, None)
+      assert learner.canary_pool([episode(t + 1), episode(t - 1)]) is None   # latest first
+      assert learner.canary_pool([episode(0), rollout.Episode(None, *[None] * 5)]) is None
+      pool = learner.canary_pool([episode(t - 1), episode(t)])
+      assert [(e.kind, e.llm, e.t) for e in pool.events] == [("fail", llm, 0)]
+      assert pool.splits == (online_update.CANARY_SPLIT,)
+      assert learner.canary(params, view, None) == configured
+      moved[llm] = learner.canary(params, view, pool)
+      v = learner.judge(params, params, *_one_decision(s), view, pool=pool)
+      assert v["reason"] is None and v["canary"]["pool"][0]["kind"] == "fail"
+    assert any(abs(r - configured) > 1e-9 for r in moved.values()), (configured, moved)
+  finally:
+    asyncio.run(s.aclose())
+
+
+def _one_decision(s):
+  """(obs, weights) of one decision of the served router (the KL guard's input)."""
+  q = s.system.test_queries[0]
+  state = s.env.reset(q)
+  t_emb, q_emb = s.featurizer.encoder.encode([s.describe(q)[0], q.query])
+  rows = np.zeros((0, s.featurizer.spec.row_dim), np.float32)
+  obs = features_lib.stack([s.featurizer.observe(state, t_emb, q_emb, rows, s.env.mask(state))])
+  return obs, np.ones(1, np.float32)
 
 
 def test_learning_needs_a_versions_folder_and_a_learnable_mode(workdir):
