@@ -3,8 +3,7 @@ probabilities, sub-questions, token counts, sampled outputs and exact optimum, h
 with the digest recorded from the code before the v2 world existed (main at 32a4c62).
 
 Every float is hashed at 10 significant digits: numpy's exp and log take different SIMD paths on
-different CPUs (AVX2 or AVX-512) and may differ in the last bit, which is not a change of the
-world. Everything else (texts, keys, integers, the sampled outputs) is hashed exactly."""
+different CPUs and may differ in the last bit, which is not a change of the world. Everything else (texts, keys, integers, the sampled outputs) is hashed exactly."""
 import hashlib
 import numbers
 
@@ -24,7 +23,7 @@ V1_DIGEST = "191fe37a18785de5cdac2be1de0216e5300329b51660a94c8d442fa8a9049e3d"
 def canon(x):
   """`x` with every float (Python or numpy) as a string of 10 significant digits, containers
   kept (dicts in key order); other values as they are."""
-  if isinstance(x, bool) or isinstance(x, numbers.Integral) or isinstance(x, str) or x is None:
+  if x is None or isinstance(x, (numbers.Integral, str)):   # bools are Integral
     return x
   if isinstance(x, numbers.Real):
     return format(float(x), ".10g")
