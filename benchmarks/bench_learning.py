@@ -12,7 +12,8 @@ served reward is score - alpha x cost (cost in milli-dollars, the training rewar
 With --poison P, two more learning servers get the stream from 9 client keys: "mallory" sends
 the requests i with i mod round(1/P) = 0 and inverted feedback (1 - score) on them, 8 honest keys
 the rest (so each honest key is under the default per-key share); "guarded" has the default
-guards, "unguarded" none (KL and canary margins 1000, key share 1).
+guards, "unguarded" none (KL and canary margins 1000, key share 1). --servers runs only the
+named ones (a longer stream for fewer comparisons; default: all).
 Printed per window of --window requests: mean served reward with its 95% interval, per server;
 and the router overhead per decision (server time minus backbone time over decisions) p50/p99 of
 each server, side by side (the learner's updates run in the learning server meanwhile).
@@ -24,7 +25,8 @@ shares `stream`). An unanswered request (502) scores 0 at the cost it spent; its
 (1 from mallory).
 
   python benchmarks/bench_learning.py [--workdir DIR] [--requests 384] [--window 64] \
-      [--clients 8] [--rate 0] [--learn_args=--learn_every=32] [--poison 0.2]
+      [--clients 8] [--rate 0] [--learn_args=--learn_every=32] [--poison 0.2] \
+      [--servers frozen,learning,guarded]
 
 Without --workdir a router is trained with experiments/configs/test.py into a temporary folder.
 """
@@ -116,7 +118,15 @@ def main():
   ap.add_argument("--learn_args", default="--learn_every=32")
   ap.add_argument("--poison", type=float, default=0.0,
                   help="share of the stream from a key sending inverted feedback (0: not run)")
+  ap.add_argument("--servers", default="",
+                  help="comma-separated servers to run, of " + ",".join(MODES + POISONED)
+                       + " (default: the three, and the two poisoned ones with --poison)")
   args = ap.parse_args()
+  run = MODES + (POISONED if args.poison > 0 else ())
+  servers = tuple(args.servers.split(",")) if args.servers else run
+  if not set(servers) <= set(run) or len(set(servers)) != len(servers):
+    raise SystemExit(f"error: --servers takes names of {', '.join(run)} once each, "
+                     f"got {args.servers!r}")
   if args.requests < 1 or args.window < 2 or args.clients < 1 or not args.rate >= 0:
     raise SystemExit("error: --requests >= 1, --window >= 2, --clients >= 1 and --rate >= 0")
   tmp = pathlib.Path(tempfile.mkdtemp(prefix="bench_learning_"))
@@ -135,7 +145,7 @@ def main():
   keys = tmp / "keys.json"
   keys.write_text(json.dumps({"keys": [
       {"name": k, "sha256": auth.key_digest(k), "role": "client"} for k in HONEST + ["mallory"]]}))
-  for mode in MODES + (POISONED if poison_every else ()):
+  for mode in servers:
     state = tmp / mode
     extra = ["--learn"] + args.learn_args.split() if mode not in ("frozen", "memory") else []
     extra += (UNGUARDED if mode == "unguarded" else []) + (
@@ -152,27 +162,32 @@ def main():
   print(f"workdir {workdir}; {args.requests} requests, {args.clients} at a time, "
         + (f"paced at {args.rate:g} requests/s" if args.rate else "unpaced")
         + f"; learning: {args.learn_args}")
-  print("| window | " + " | ".join(f"{m} reward (95% CI)" for m in MODES) +
-        " | learning - frozen (paired 95% CI) |")
-  print("|---" * (len(MODES) + 2) + "|")
+  shown = [m for m in MODES if m in results]
+  paired = "learning" in results and "frozen" in results
+  print("| window | " + " | ".join(f"{m} reward (95% CI)" for m in shown) +
+        (" | learning - frozen (paired 95% CI) |" if paired else " |"))
+  print("|---" * (len(shown) + 1 + paired) + "|")
   for w in range(0, args.requests, args.window):
     cells = []
-    for m in MODES:
+    for m in shown:
       mean, half, _ = stats.ci95([r["reward"] for r in results[m][w:w + args.window]])
       cells.append(f"{mean:.4f} +- {half:.4f}")
-    diff = [a["reward"] - b["reward"] for a, b in zip(results["learning"][w:w + args.window],
-                                                       results["frozen"][w:w + args.window])]
-    mean, half, _ = stats.ci95(diff)
-    print(f"| {w}-{min(w + args.window, args.requests) - 1} | " + " | ".join(cells) +
-          f" | {mean:+.4f} +- {half:.4f} |")
+    if paired:
+      diff = [a["reward"] - b["reward"] for a, b in zip(results["learning"][w:w + args.window],
+                                                         results["frozen"][w:w + args.window])]
+      mean, half, _ = stats.ci95(diff)
+      cells.append(f"{mean:+.4f} +- {half:.4f}")
+    print(f"| {w}-{min(w + args.window, args.requests) - 1} | " + " | ".join(cells) + " |")
   for m in ("memory", "learning"):
-    mean, half, _ = stats.ci95([a["reward"] - b["reward"]
-                                for a, b in zip(results[m], results["frozen"])])
-    print(f"{m} - frozen over all requests (paired): {mean:+.4f} +- {half:.4f}")
-  for m in (POISONED if poison_every else ()):
-    mean, half, _ = stats.ci95([a["reward"] - b["reward"]
-                                for a, b in zip(results[m], results["learning"])])
-    print(f"poisoned ({m}) - learning over all requests (paired): {mean:+.4f} +- {half:.4f}")
+    if m in results and "frozen" in results:
+      mean, half, _ = stats.ci95([a["reward"] - b["reward"]
+                                  for a, b in zip(results[m], results["frozen"])])
+      print(f"{m} - frozen over all requests (paired): {mean:+.4f} +- {half:.4f}")
+  for m in POISONED:
+    if m in results and "learning" in results:
+      mean, half, _ = stats.ci95([a["reward"] - b["reward"]
+                                  for a, b in zip(results[m], results["learning"])])
+      print(f"poisoned ({m}) - learning over all requests (paired): {mean:+.4f} +- {half:.4f}")
   for m in results:
     mean, half, _ = stats.ci95([r["reward"] for r in results[m]])
     o = np.array([r["overhead"] for r in results[m] if r["answered"]]) * 1e3
