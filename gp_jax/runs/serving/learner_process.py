@@ -3,11 +3,9 @@
 The guarded update (online_update.GuardedUpdate: the PPO update, the KL line search and the
 canary rollouts) is CPU work in JAX and Python. In the server's process it would share the
 interpreter lock and XLA's thread pool with the decisions, and slow them; here it runs in a
-child process on idle CPU time only (Linux's SCHED_IDLE policy, at niceness 19), so the operating
-system gives the decisions the cores first and the server process only sends episodes and
-receives candidates. SCHED_IDLE differs from niceness 19 alone in that a waking decision thread
-always preempts the learner at once; with niceness alone the learner can keep a core until its
-time slice ends.
+child process at the lowest scheduling priority (niceness 19), so the operating system gives the
+decisions the cores first and the server process only sends episodes and receives candidates.
+(Linux's SCHED_IDLE policy on top of it was tried and measured no better: docs/serving.md.)
 
 Protocol: the parent writes requests to the child's stdin and reads replies from its stdout,
 each a pickled (op, payload) tuple behind an 8-byte length; the child's own prints and logs go to
@@ -31,8 +29,6 @@ NICENESS = 19   # the learner's scheduling priority (the lowest); set before any
 if __name__ == "__main__":
   with contextlib.suppress(OSError):   # not permitted: the default priority
     os.nice(NICENESS)
-  with contextlib.suppress(AttributeError, OSError):   # not Linux: niceness only
-    os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))   # threads started later inherit
 
 import pickle
 import signal
