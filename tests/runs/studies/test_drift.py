@@ -73,6 +73,24 @@ def test_gap_closure():
   assert c["mean"] == 1.0 and math.isnan(c["half"])
 
 
+def test_closure_of_seed_means_divides_by_no_seed_own_gap():
+  f, r = np.array([0.0, 0.2, 0.2, 0.2]), np.array([0.0, 0.6, 0.6, 0.6])
+  # Seed 0: gap 0.4, arm gains 0.2; seed 1: no gap, arm gains 0.1 (closure_over_seeds drops it;
+  # here it counts): (0.2 + 0.1) / 2 over (0.4 + 0) / 2 = 0.75.
+  c = drift_report.closure_of_seed_means([f + 0.2, f + 0.1], [f, f], [r, f], 1, 4, min_gap=0.05)
+  assert c["closure"] == pytest.approx(0.75) and c["gap"] == pytest.approx(0.2)
+  assert c["minus_frozen"] == pytest.approx(0.15) and c["minus_frozen_half"] > 0
+  assert c["per_seed_gap"] == pytest.approx([0.4, 0.0])
+  # A mean gap under the floor: undefined, whatever the arm did.
+  c = drift_report.closure_of_seed_means([f + 0.2, f + 0.1], [f, f], [f + 0.04, f + 0.04], 1, 4,
+                                         min_gap=0.05)
+  assert math.isnan(c["closure"]) and c["minus_frozen"] == pytest.approx(0.15)
+  with pytest.raises(ValueError, match="does not fit"):
+    drift_report.closure_of_seed_means([f], [f], [r], 2, 5, min_gap=0.05)
+  with pytest.raises(ValueError, match="one per seed"):
+    drift_report.closure_of_seed_means([f, f], [f], [r], 1, 4, min_gap=0.05)
+
+
 def _cell(kind, seed, shift, old=False):
   n, t = 8, 4
   base = np.full(n, 0.5)
