@@ -36,8 +36,8 @@ paired 95% interval's lower end above 0. A second measure, fixed before its firs
 defined when retrained - frozen averages >= MIN_GAP over the seeds), met when it is >= 0.7 and
 the paired 95% interval over seeds of arm - frozen has its lower end above 0. The routers here
 are smaller than CPU size (the test config's pool and --episodes), and a run with fewer requests
-(the stream's end before T + 1000) is smaller still: every run is labelled a reduced size, and it can miss or meet the
-targets only at that size.
+(the stream's end before T + 1000) is smaller still: every run is labelled a reduced size, and it
+can miss or meet the targets only at that size.
 
   python benchmarks/bench_learning_events.py --event fail --event_at 100 --seeds 0,1,2 \
       --requests 300 --n_train 300 --episodes 192 --window 50 --out /tmp/bench_events
