@@ -162,7 +162,7 @@ def main():
   print(f"workdir {workdir}; {args.requests} requests, {args.clients} at a time, "
         + (f"paced at {args.rate:g} requests/s" if args.rate else "unpaced")
         + f"; learning: {args.learn_args}")
-  shown = [m for m in MODES if m in results]
+  shown = [m for m in MODES + POISONED if m in results]
   paired = "learning" in results and "frozen" in results
   print("| window | " + " | ".join(f"{m} reward (95% CI)" for m in shown) +
         (" | learning - frozen (paired 95% CI) |" if paired else " |"))
