@@ -11,7 +11,8 @@ Protocol: the parent writes requests to the child's stdin and reads replies from
 each a pickled (op, payload) tuple behind an 8-byte length; the child's own prints and logs go to
 its stderr (the server's log). Ops: init (config, workdir, settings: builds the system and
 GARNet of the served config), warm_up (state, obs, view), step (state, episodes, view: one
-guarded update, online_update.GuardedUpdate.step), write (folder, record: the last step's
+guarded update, online_update.GuardedUpdate.step; the episodes come as `pack`'s list of
+pickles), write (folder, record: the last step's
 candidate as a version's checkpoint, versions.write_checkpoint; the server then commits it in
 the index). A reply is ("ok", result) or ("error", the
 child's traceback). The child exits when its stdin closes: when the server closes it, or when
@@ -36,6 +37,7 @@ import struct
 import subprocess
 import sys
 import threading
+import time
 import traceback
 
 from gp_jax import errors
@@ -53,6 +55,23 @@ def _write(stream, message) -> None:
   stream.write(_HEADER.pack(len(data)))
   stream.write(data)
   stream.flush()
+
+
+def pack(items) -> list[bytes]:
+  """Each item pickled on its own, the interpreter lock handed over between items: one pickle of
+  an update's episodes (many small arrays) held the lock for 7 to 28 ms in one C call, so the
+  server's event loop, which needs the lock for every decision, waited that long
+  (docs/serving.md, the fourth overhead look); one episode takes about 1 ms. Sending the
+  pickled bytes costs a copy. The learner process unpacks them (`unpack`)."""
+  out = []
+  for item in items:
+    out.append(pickle.dumps(item, protocol=pickle.HIGHEST_PROTOCOL))
+    time.sleep(0)   # releases the lock: a waiting thread takes it now, not after 5 ms
+  return out
+
+
+def unpack(blobs: list[bytes]) -> list:
+  return [pickle.loads(b) for b in blobs]
 
 
 def _read(stream):
@@ -172,7 +191,8 @@ def main() -> int:
       elif op == "warm_up":
         result = core.warm_up(*payload)
       elif op == "step":
-        result = core.step(*payload)
+        state, episodes, view = payload
+        result = core.step(state, unpack(episodes), view)
         last = result["state"]
       elif op == "write":   # the last step's candidate, as an uncommitted version
         if last is None:

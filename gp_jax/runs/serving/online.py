@@ -44,8 +44,6 @@ import collections
 import concurrent.futures
 import dataclasses
 import logging
-import os
-import threading
 import time
 from typing import Callable
 
@@ -63,7 +61,6 @@ from gp_jax.runs.serving import versions as versions_lib
 
 _log = logging.getLogger(__name__)
 LEARNABLE_MODES = ("transductive", "inductive")   # model.history modes the online learner updates
-LEARNER_NICE = 19   # the learner's waiting thread's niceness (the decisions' threads keep theirs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -144,17 +141,6 @@ def select(pending: list[Pending], every: int, key_cap: int) -> list[int] | None
   return None
 
 
-def _lower_priority() -> None:
-  """The learner's waiting thread yields the CPU to the decisions: the lowest scheduling
-  priority for this thread only (Linux: a thread id is a process id to setpriority; elsewhere
-  nothing changes). It waits for the learner process (which runs the update and writes the
-  versions' checkpoints), commits the versions in the index and loads them on rollback."""
-  try:
-    os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), LEARNER_NICE)
-  except (AttributeError, OSError):   # not Linux, or not permitted: the default priority
-    pass
-
-
 class OnlineLearner:
   """The learner of a serving router (module docstring).
 
@@ -184,8 +170,10 @@ class OnlineLearner:
     self.versions = versions
     optimizer = ppo_config.make_optimizer(config)
     self._abstract = rl_loop.init_state(model, system.featurizer, optimizer, int(config.seed))
-    self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="router-learner",
-                                                         initializer=_lower_priority)
+    # The thread that talks to the learner process keeps the default priority: it holds the
+    # interpreter lock while it pickles, and at a lower priority it could be descheduled holding
+    # it while the decisions wait (docs/serving.md, the fourth overhead look).
+    self._thread = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="router-learner")
     self.process = learner_process.LearnerProcess(config, workdir, settings)
     self.pending: list[Pending] = []
     self.counters = collections.Counter(versions.learner.get("counters", {}))
@@ -297,7 +285,8 @@ class OnlineLearner:
   def _update(self, chosen: list[Pending], view) -> dict:
     """One guarded update of the serving weights from `chosen` episodes (in the learner
     process); returns {accepted, version, state} (accepted) or {accepted: False, reason}."""
-    out = self.process.call("step", self.state, [p.episode for p in chosen], view)
+    episodes = learner_process.pack([p.episode for p in chosen])   # off the loop, lock handed over
+    out = self.process.call("step", self.state, episodes, view)
     self.counters["updates"] += 1
     feedback = [dict(id=p.rid, key=p.key, score=p.score) for p in chosen]
     new = out["state"]

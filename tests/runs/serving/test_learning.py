@@ -122,6 +122,22 @@ def test_select_caps_each_keys_share_of_an_update():
       online.LearnSettings(**bad)
 
 
+def test_pack_sends_each_episode_as_its_own_pickle():
+  """The episodes go to the learner process one pickle each (the lock is handed over between
+  them), and the process gets back episodes equal to the sent ones."""
+  episodes = [rollout.Episode(None, None, 0, None, None, None,
+                              obs=[{"mask": np.arange(i + 3, dtype=np.float32)}],
+                              actions=[i], logp=[-0.5 * i], values=[0.1], rewards=[1.0 - i],
+                              utility=float(i)) for i in range(3)]
+  blobs = learner_process.pack(episodes)
+  assert [type(b) for b in blobs] == [bytes] * 3
+  back = learner_process.unpack(blobs)
+  for sent, got in zip(episodes, back):
+    np.testing.assert_array_equal(got.obs[0]["mask"], sent.obs[0]["mask"])
+    assert (got.actions, got.logp, got.rewards, got.utility) == (
+        sent.actions, sent.logp, sent.rewards, sent.utility)
+
+
 def test_policy_kl_is_zero_for_equal_logits_and_ignores_masked_actions():
   rng = np.random.default_rng(0)
   a = rng.normal(size=(4, 6))
