@@ -12,7 +12,8 @@ served reward is score - alpha x cost (cost in milli-dollars, the training rewar
 With --poison P, two more learning servers get the stream from 9 client keys: "mallory" sends
 the requests i with i mod round(1/P) = 0 and inverted feedback (1 - score) on them, 8 honest keys
 the rest (so each honest key is under the default per-key share); "guarded" has the default
-guards, "unguarded" none (KL and canary margins 1000, key share 1). --servers runs only the
+guards, "unguarded" none (KL and canary margins 1000, key share 1, consistency check off).
+--servers runs only the
 named ones (a longer stream for fewer comparisons; default: all).
 Printed per window of --window requests: mean served reward with its 95% interval, per server;
 and the router overhead per decision (server time minus backbone time over decisions) p50/p99 of
@@ -35,6 +36,7 @@ import asyncio
 import json
 import pathlib
 import tempfile
+import urllib.request
 
 import numpy as np
 import openai
@@ -49,7 +51,8 @@ from gp_jax.workflow import reward as reward_lib
 
 MODES = ("frozen", "memory", "learning")
 POISONED = ("guarded", "unguarded")
-UNGUARDED = ["--learn_max_kl=1000", "--learn_canary_margin=1000", "--learn_max_key_share=1"]
+UNGUARDED = ["--learn_max_kl=1000", "--learn_canary_margin=1000", "--learn_max_key_share=1",
+             "--learn_key_check_z=0"]
 HONEST = [f"user{j}" for j in range(8)]
 
 
@@ -140,7 +143,7 @@ def main():
     raise SystemExit("error: the benchmark needs a router trained on the simulator")
   queries = system_lib.build(config).train_queries
   alpha = float(config.alpha)
-  results = {}
+  results, counters = {}, {}
   poison_every = round(1 / args.poison) if args.poison > 0 else 0
   keys = tmp / "keys.json"
   keys.write_text(json.dumps({"keys": [
@@ -157,6 +160,11 @@ def main():
                                          feedback=mode != "frozen",
                                          poison_every=poison_every if mode in POISONED else 0,
                                          rate=args.rate))
+      if extra:   # a learning server: its learner's counters at the end of the stream
+        with urllib.request.urlopen(srv.url + "/health", timeout=30) as r:
+          router = json.load(r).get("router") or {}
+        counters[mode] = dict(router.get("counters", {}),
+                              flagged_keys=router.get("flagged_keys", 0))
     finally:
       srv.stop()
   print(f"workdir {workdir}; {args.requests} requests, {args.clients} at a time, "
@@ -195,6 +203,8 @@ def main():
     print(f"{m}: all requests reward {mean:.4f} +- {half:.4f}; router overhead per decision "
           f"p50 {np.percentile(o, 50):.2f} ms, p99 {np.percentile(o, 99):.2f} ms"
           + (f"; versions served {', '.join(versions)}" if versions else ""))
+  for m, c in counters.items():
+    print(f"{m} learner: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())))
 
 
 if __name__ == "__main__":

@@ -105,6 +105,12 @@ _LEARN_BACKTRACK = flags.DEFINE_integer("learn_kl_backtrack", 3, "Halvings of an
                                          "it outright).")
 _LEARN_SHARE = flags.DEFINE_float("learn_max_key_share", 0.25, "Largest share of one update's "
                                   "episodes from one API key.")
+_LEARN_KEY_Z = flags.DEFINE_float("learn_key_check_z", 2.33, "Consistency guard: a key whose "
+                                   "scores follow the router's value estimates less than the "
+                                   "other keys' by more than this z (Fisher) is left out of "
+                                   "updates; 0 = off.")
+_LEARN_KEY_MIN = flags.DEFINE_integer("learn_key_check_min", 32, "Feedbacks a key needs before "
+                                      "the consistency guard may leave it out.")
 _LEARN_SEED = flags.DEFINE_integer("learn_seed", 0, "Seed of the learner and the exploring "
                                    "decisions.")
 _SIM_EVENT = flags.DEFINE_string("sim_event", "", f"{' | '.join(pool_events.KINDS)}: serve "
@@ -164,7 +170,9 @@ def main(argv):
                                  canary_size=_LEARN_CANARY.value,
                                  canary_margin=_LEARN_MARGIN.value, max_kl=_LEARN_KL.value,
                                  kl_backtrack=_LEARN_BACKTRACK.value,
-                                 max_key_share=_LEARN_SHARE.value, seed=_LEARN_SEED.value)
+                                 max_key_share=_LEARN_SHARE.value,
+                                 key_check_z=_LEARN_KEY_Z.value,
+                                 key_check_min=_LEARN_KEY_MIN.value, seed=_LEARN_SEED.value)
     versions_dir = state_dir / versions.FOLDER
     # The settings a learning server ran with, in its served-state folder.
     files.write_json(state_dir / "learn.json", learn.to_dict(), "the learning settings")

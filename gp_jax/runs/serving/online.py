@@ -17,6 +17,10 @@ Guards, in this order, before a candidate may serve:
   key share    each API key's feedback is at most `max_key_share` of an update's episodes (a
                key's surplus waits for later updates; the oldest waiting episodes beyond
                `max_pending` are dropped and counted): one client cannot steer an update.
+  consistency  a key whose scores correlate with the router's value estimates significantly
+               less than the other keys' do (Fisher's z test, feedback_check.py) is flagged,
+               and its episodes are dropped before an update (counted): a key under the share
+               cannot invert the updates' direction either.
   KL bound     the mean KL(serving || candidate) of the update's decisions must not exceed
                `max_kl`: one update moves the policy at most that far. An update past it is
                first shortened (a backtracking line search, as TRPO's): the candidate becomes
@@ -55,6 +59,7 @@ from gp_jax.rl import loop as rl_loop
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
 from gp_jax.runs import ppo_config
+from gp_jax.runs.serving import feedback_check
 from gp_jax.runs.serving import learner_process
 from gp_jax.runs.serving import online_update
 from gp_jax.runs.serving import versions as versions_lib
@@ -80,6 +85,8 @@ class LearnSettings:
     kl_backtrack: halvings of an update's parameter step tried when the full step is past
       max_kl (0: refuse it outright); the optimizer state is the full step's.
     max_key_share: the most share of one update's episodes one API key's feedback may be.
+    key_check_z: the consistency guard's threshold on Fisher's z (feedback_check.py; 0: off).
+    key_check_min: feedbacks a key needs before the consistency guard may flag it.
     max_pending: episodes with feedback waiting for an update (oldest dropped beyond it).
     keep_trajectories: served requests whose trajectories wait for feedback (oldest dropped).
     seed: the learner's PRNG seed (minibatch order; exploration draws).
@@ -91,6 +98,8 @@ class LearnSettings:
   max_kl: float = 0.05
   kl_backtrack: int = 3
   max_key_share: float = 0.25
+  key_check_z: float = 2.33
+  key_check_min: int = 32
   max_pending: int = 4096
   keep_trajectories: int = 1024
   seed: int = 0
@@ -103,6 +112,8 @@ class LearnSettings:
               (self.max_kl > 0.0, "--learn_max_kl > 0"),
               (0 <= self.kl_backtrack <= 30, "0 <= --learn_kl_backtrack <= 30"),
               (0.0 < self.max_key_share <= 1.0, "0 < --learn_max_key_share <= 1"),
+              (self.key_check_z >= 0.0, "--learn_key_check_z >= 0"),
+              (self.key_check_min >= 4, "--learn_key_check_min >= 4"),
               (self.max_pending >= self.every, "--learn_max_pending >= --learn_every"),
               (self.keep_trajectories >= 1, "--learn_keep_trajectories >= 1")]
     for ok, what in checks:
@@ -178,8 +189,11 @@ class OnlineLearner:
     self.pending: list[Pending] = []
     self.counters = collections.Counter(versions.learner.get("counters", {}))
     self.rejections: list[dict] = list(versions.learner.get("rejections", []))[-20:]
+    self.consistency = feedback_check.FeedbackConsistency(s.key_check_z, s.key_check_min)
+    self.consistency.load_state_dict(versions.learner.get("consistency", {}))
     self.updating = False
     self._closing = False
+    self._flagged_seen: set[str] = set()
     self._task: asyncio.Task | None = None
     if versions.serving is None:   # a new store: the trained weights are v0
       self.state = ppo.TrainingState(params=jax.device_get(params),
@@ -198,12 +212,14 @@ class OnlineLearner:
 
   def _learner_state(self) -> dict:
     return dict(counters=dict(self.counters), rejections=self.rejections[-20:],
-                settings=self.settings.to_dict())
+                settings=self.settings.to_dict(), consistency=self.consistency.state_dict())
 
   # ---- on the event loop ---------------------------------------------------------------------------
   def add(self, rid: str, key: str | None, score: float, episode: rollout.Episode) -> None:
     """A served episode whose feedback `score` arrived: its last reward gains the score; an
     update starts once `every` episodes can fill one."""
+    if episode.values:   # the value estimate at the last decision, for the consistency guard
+      self.consistency.add(key, float(episode.values[-1]), float(score))
     episode.rewards[-1] += float(score)
     episode.utility = float(score)
     self.pending.append(Pending(rid, key, float(score), online_update.learning_episode(episode)))
@@ -214,9 +230,23 @@ class OnlineLearner:
       del self.pending[:drop]
     self._maybe_start()
 
+  def _drop_flagged(self) -> None:
+    """Drops the waiting episodes of keys the consistency guard flags (counted, logged once)."""
+    flagged = {k for k in {p.key for p in self.pending} if self.consistency.flagged(k)}
+    if not flagged:
+      return
+    for k in flagged - self._flagged_seen:
+      _log.warning("feedback of API key %r left out of updates: %s", k,
+                   self.consistency.verdict(k))
+    self._flagged_seen |= flagged
+    kept = [p for p in self.pending if p.key not in flagged]
+    self.counters["dropped_inconsistent"] += len(self.pending) - len(kept)
+    self.pending = kept
+
   def _maybe_start(self) -> None:
     if self._closing or (self._task is not None and not self._task.done()):
       return
+    self._drop_flagged()
     taken = select(self.pending, self.settings.every, self.settings.key_cap)
     if taken is None:
       return
@@ -262,6 +292,7 @@ class OnlineLearner:
   def info(self) -> dict:
     return dict(version=self.version, learning=True, updating=self.updating,
                 pending=len(self.pending), versions=len(self.versions.versions()),
+                flagged_keys=len(self.consistency.flagged_keys()),   # names: the log, admin
                 counters=dict(self.counters), settings=self.settings.to_dict())
 
   async def aclose(self) -> None:

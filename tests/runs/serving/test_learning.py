@@ -117,7 +117,8 @@ def test_select_caps_each_keys_share_of_an_update():
   assert online.LearnSettings(every=8, max_key_share=0.5).key_cap == 4
   assert online.LearnSettings(every=8, max_key_share=0.01).key_cap == 1
   for bad in (dict(every=0), dict(explore=1.5), dict(max_kl=0.0), dict(kl_backtrack=-1),
-              dict(max_key_share=0.0), dict(canary_margin=-1.0), dict(every=8, max_pending=4)):
+              dict(max_key_share=0.0), dict(canary_margin=-1.0), dict(every=8, max_pending=4),
+              dict(key_check_z=-1.0), dict(key_check_min=2)):
     with pytest.raises(Exception, match="invalid learning settings"):
       online.LearnSettings(**bad)
 

@@ -1,0 +1,93 @@
+"""The consistency guard of a learning server (gp_jax/runs/serving/feedback_check.py)."""
+import collections
+import types
+
+import numpy as np
+
+from gp_jax.runs.serving import feedback_check
+from gp_jax.runs.serving import online
+
+HONEST = [f"user{j}" for j in range(8)]
+
+
+def _stream(rng, n, invert_key=None, invert_share=0.2, informative=True):
+  """(key, estimate, score) of n served requests: the score is 1 with probability the estimate
+  (informative) or 1/2 (a pool where the estimates say nothing); invert_key sends 1 - score on
+  every request i with i % round(1 / invert_share) == 0, the honest keys the rest."""
+  every = round(1 / invert_share)
+  out = []
+  for i in range(n):
+    v = rng.uniform(0.05, 0.95)
+    s = float(rng.uniform() < (v if informative else 0.5))
+    if invert_key is not None and i % every == 0:
+      out.append((invert_key, v, 1.0 - s))
+    else:
+      out.append((HONEST[i % len(HONEST)], v, s))
+  return out
+
+
+def _guard(stream, z=2.33, min_feedback=32):
+  g = feedback_check.FeedbackConsistency(z, min_feedback)
+  for key, v, s in stream:
+    g.add(key, v, s)
+  return g
+
+
+def test_correlation_of_the_sums_is_pearsons():
+  rng = np.random.default_rng(0)
+  x, y = rng.normal(size=50), rng.normal(size=50)
+  y = y + 0.5 * x
+  g = _guard([("k", a, b) for a, b in zip(x, y)])
+  assert np.isclose(feedback_check.correlation(g.sums["k"]), np.corrcoef(x, y)[0, 1])
+  assert np.isnan(feedback_check.correlation(np.array([3.0, 3.0, 1.0, 3.0, 1.0, 1.0])))
+
+
+def test_an_inverting_key_under_the_share_is_flagged_and_no_honest_key_is():
+  g = _guard(_stream(np.random.default_rng(1), 1000, invert_key="mallory"))
+  v = g.verdict("mallory")
+  assert v["flagged"] and v["r"] < 0 < v["r_rest"], v
+  assert g.flagged_keys() == ["mallory"]
+  for k in HONEST:
+    assert not g.flagged(k), (k, g.verdict(k))
+
+
+def test_no_key_is_flagged_without_a_majority_to_disagree_with():
+  rng = np.random.default_rng(2)
+  # Honest keys alone, over many seeds of the stream: the test's 1% per key, not more.
+  flagged = sum(len(_guard(_stream(np.random.default_rng(s), 400)).flagged_keys())
+                for s in range(40))
+  assert flagged <= 6, flagged
+  # One key alone is never judged, inverted or not; feedback without a key is not counted.
+  alone = _guard([("mallory", v, 1.0 - s) for _, v, s in _stream(rng, 400)] +
+                 [(None, 0.5, 1.0)] * 50)
+  assert not alone.flagged("mallory") and set(alone.sums) == {"mallory"}
+  # A pool where the estimates say nothing of the scores for everyone flags no one.
+  flat = _guard(_stream(rng, 1000, invert_key="mallory", informative=False))
+  assert flat.flagged_keys() == []
+
+
+def test_a_key_needs_its_minimum_and_the_guard_can_be_turned_off():
+  stream = _stream(np.random.default_rng(3), 1000, invert_key="mallory")
+  assert _guard(stream).flagged("mallory")
+  assert not _guard(stream, min_feedback=10_000).flagged("mallory")
+  assert not _guard(stream, z=0).flagged("mallory")
+
+
+def test_state_round_trip_keeps_the_verdicts():
+  g = _guard(_stream(np.random.default_rng(4), 1000, invert_key="mallory"))
+  h = feedback_check.FeedbackConsistency(2.33, 32)
+  h.load_state_dict(g.state_dict())
+  assert h.flagged_keys() == g.flagged_keys() == ["mallory"]
+  assert h.verdict("user0") == g.verdict("user0")
+
+
+def test_the_learner_drops_a_flagged_keys_waiting_episodes():
+  g = _guard(_stream(np.random.default_rng(5), 1000, invert_key="mallory"))
+  pending = [online.Pending(f"r{i}", k, 1.0, None) for i, k in
+             enumerate(["mallory", "user0", None, "mallory", "user1"])]
+  learner = types.SimpleNamespace(pending=pending, consistency=g,
+                                  counters=collections.Counter(), _flagged_seen=set())
+  online.OnlineLearner._drop_flagged(learner)
+  assert [p.rid for p in learner.pending] == ["r1", "r2", "r4"]
+  assert learner.counters["dropped_inconsistent"] == 2
+  assert learner._flagged_seen == {"mallory"}
