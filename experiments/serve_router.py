@@ -105,7 +105,7 @@ _LEARN_BACKTRACK = flags.DEFINE_integer("learn_kl_backtrack", 3, "Halvings of an
                                          "it outright).")
 _LEARN_SHARE = flags.DEFINE_float("learn_max_key_share", 0.25, "Largest share of one update's "
                                   "episodes from one API key.")
-_LEARN_KEY_Z = flags.DEFINE_float("learn_key_check_z", 2.33, "Consistency guard: a key whose "
+_LEARN_KEY_Z = flags.DEFINE_float("learn_key_check_z", 3.09, "Consistency guard: a key whose "
                                    "scores follow the router's value estimates less than the "
                                    "other keys' by more than this z (Fisher) is left out of "
                                    "updates; 0 = off.")

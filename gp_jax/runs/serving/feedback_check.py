@@ -47,7 +47,9 @@ class FeedbackConsistency:
   """Per-key running sums of (value estimate, score) and the test above.
 
   Args:
-    z: the one-sided threshold on Z (2.33: 1% for one key under the null); 0 turns the guard off.
+    z: the one-sided threshold on Z; 0 turns the guard off. The test is repeated at every
+      update on cumulative sums, so an honest key gets many chances to cross it: the server's
+      default, 3.09 (0.1% one-sided for one test), is stricter than a single test's 1% (2.33).
     min_feedback: pairs of its own a key needs before it can be flagged.
   """
 

@@ -98,7 +98,7 @@ class LearnSettings:
   max_kl: float = 0.05
   kl_backtrack: int = 3
   max_key_share: float = 0.25
-  key_check_z: float = 2.33
+  key_check_z: float = 3.09
   key_check_min: int = 32
   max_pending: int = 4096
   keep_trajectories: int = 1024

@@ -26,7 +26,7 @@ def _stream(rng, n, invert_key=None, invert_share=0.2, informative=True):
   return out
 
 
-def _guard(stream, z=2.33, min_feedback=32):
+def _guard(stream, z=3.09, min_feedback=32):
   g = feedback_check.FeedbackConsistency(z, min_feedback)
   for key, v, s in stream:
     g.add(key, v, s)
@@ -66,6 +66,23 @@ def test_no_key_is_flagged_without_a_majority_to_disagree_with():
   assert flat.flagged_keys() == []
 
 
+def test_checked_at_every_update_honest_keys_stay_unflagged_and_an_inverter_is_caught():
+  """The check is repeated at every update (here every 32 feedbacks) on cumulative sums: over a
+  long honest stream no key is flagged at any check under the default threshold; in the same
+  stream with an inverting key, it is flagged early and stays flagged."""
+  def checks(stream):
+    g, out = _guard([]), []
+    for i, (k, v, s) in enumerate(stream):
+      g.add(k, v, s)
+      if i % 32 == 31:
+        out.append(g.flagged_keys())
+    return out
+  assert all(f == [] for f in checks(_stream(np.random.default_rng(6), 8000)))
+  poisoned = checks(_stream(np.random.default_rng(6), 8000, invert_key="mallory"))
+  first = next(i for i, f in enumerate(poisoned) if f)
+  assert first * 32 < 1000 and all(f == ["mallory"] for f in poisoned[first:]), first
+
+
 def test_a_key_needs_its_minimum_and_the_guard_can_be_turned_off():
   stream = _stream(np.random.default_rng(3), 1000, invert_key="mallory")
   assert _guard(stream).flagged("mallory")
@@ -75,7 +92,7 @@ def test_a_key_needs_its_minimum_and_the_guard_can_be_turned_off():
 
 def test_state_round_trip_keeps_the_verdicts():
   g = _guard(_stream(np.random.default_rng(4), 1000, invert_key="mallory"))
-  h = feedback_check.FeedbackConsistency(2.33, 32)
+  h = feedback_check.FeedbackConsistency(3.09, 32)
   h.load_state_dict(g.state_dict())
   assert h.flagged_keys() == g.flagged_keys() == ["mallory"]
   assert h.verdict("user0") == g.verdict("user0")
