@@ -161,7 +161,9 @@ def main():
                                          poison_every=poison_every if mode in POISONED else 0,
                                          rate=args.rate))
       if extra:   # a learning server: its learner's counters at the end of the stream
-        with urllib.request.urlopen(srv.url + "/health", timeout=30) as r:
+        ask = urllib.request.Request(srv.url + "/health", headers={   # a keyed server's
+            "Authorization": f"Bearer {HONEST[0]}"} if mode in POISONED else {})  # needs a key
+        with urllib.request.urlopen(ask, timeout=30) as r:
           router = json.load(r).get("router") or {}
         counters[mode] = dict(router.get("counters", {}),
                               flagged_keys=router.get("flagged_keys", 0))
