@@ -109,6 +109,13 @@ async def stream(url: str, queries, requests: int, clients: int, alpha: float,
   return out
 
 
+def _span(versions: list[str]) -> str:
+  """'v0' or 'v0-v152 (153 versions)' for the sorted versions a server served."""
+  if len(versions) == 1:
+    return versions[0]
+  return f"{versions[0]}-{versions[-1]} ({len(versions)} versions)"
+
+
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   ap.add_argument("--workdir", default="")
@@ -204,7 +211,7 @@ def main():
     versions = sorted({r["version"] for r in results[m]} - {None}, key=lambda v: int(v[1:]))
     print(f"{m}: all requests reward {mean:.4f} +- {half:.4f}; router overhead per decision "
           f"p50 {np.percentile(o, 50):.2f} ms, p99 {np.percentile(o, 99):.2f} ms"
-          + (f"; versions served {', '.join(versions)}" if versions else ""))
+          + (f"; versions served {_span(versions)}" if versions else ""))
   for m, c in counters.items():
     print(f"{m} learner: " + ", ".join(f"{k} {v}" for k, v in sorted(c.items())))
 
