@@ -56,19 +56,21 @@ class FeedbackConsistency:
   def __init__(self, z: float, min_feedback: int):
     self.z, self.min_feedback = float(z), int(min_feedback)
     self.sums: dict[str, np.ndarray] = {}
+    self.total = np.zeros(len(_FIELDS))   # over all keys (a verdict is O(1) in the keys)
 
   def add(self, key: str | None, estimate: float, score: float) -> None:
     if key is None:
       return
     x, y = float(estimate), float(score)
-    s = self.sums.setdefault(key, np.zeros(len(_FIELDS)))
-    s += (1.0, x, y, x * x, y * y, x * y)
+    pair = np.array([1.0, x, y, x * x, y * y, x * y])
+    self.sums.setdefault(key, np.zeros(len(_FIELDS)))[:] += pair
+    self.total += pair
 
   def verdict(self, key: str) -> dict:
     """n, r (the key's), r_rest (the others', pooled), z (Fisher's statistic; NaN when not
     computable) and flagged."""
     mine = self.sums.get(key, np.zeros(len(_FIELDS)))
-    rest = sum(self.sums.values(), np.zeros(len(_FIELDS))) - mine
+    rest = self.total - mine
     r_k, r_rest = correlation(mine), correlation(rest)
     n_k, n_rest = int(mine[0]), int(rest[0])
     stat = math.nan
@@ -92,3 +94,4 @@ class FeedbackConsistency:
   def load_state_dict(self, state: dict) -> None:
     self.sums = {k: np.asarray(v, float) for k, v in (state or {}).items()
                  if len(v) == len(_FIELDS)}
+    self.total = sum(self.sums.values(), np.zeros(len(_FIELDS)))
