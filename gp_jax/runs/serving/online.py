@@ -246,7 +246,8 @@ class OnlineLearner:
   def _maybe_start(self) -> None:
     if self._closing or (self._task is not None and not self._task.done()):
       return
-    self._drop_flagged()
+    if len(self.pending) >= self.settings.every:   # only before an update can be selected
+      self._drop_flagged()
     taken = select(self.pending, self.settings.every, self.settings.key_cap)
     if taken is None:
       return
