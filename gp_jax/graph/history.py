@@ -80,6 +80,16 @@ class HistoryMemory:
     """Rows of `padded()`: the bucket of the current row count (the shape jitted code sees)."""
     return bucket(len(self.rows), self.capacity + self.headroom)
 
+  def padded_sizes(self) -> tuple[int, ...]:
+    """Every padded size the memory can take from its current row count as it grows up to
+    capacity + headroom (the shapes jitted code over it meets: a server compiles them first)."""
+    limit, n, out = self.capacity + self.headroom, len(self.rows), []
+    while True:
+      out.append(bucket(n, limit))
+      if out[-1] >= limit:
+        return tuple(out)
+      n = out[-1] + 1
+
   def padded(self) -> tuple[np.ndarray, np.ndarray]:
     """Rows and hubs padded to the bucket size; padding rows have hub id num_hubs."""
     n = self.padded_size()

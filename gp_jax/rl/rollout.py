@@ -137,16 +137,34 @@ class PolicyRunner:
     if not self.keeps_sums:
       return
     if history is not None and len(history):
-      rows, hubs = history.padded()
-      if self.mesh is not None:
-        rows, hubs = parallel.pad_rows(rows, hubs, self.mesh.size, self.num_hubs)
-        rows = parallel.put(rows, parallel.rows_sharding(self.mesh))
-        hubs = parallel.put(hubs, parallel.rows_sharding(self.mesh))
-        params = parallel.put_tree(full if parallel.is_local(full) else params,
-                                   parallel.replicated(self.mesh))
-      s, c = self._rows_all(params, rows, hubs)
+      s, c = self._rows_all(*self._over_mesh(full, *history.padded()))
       self.hub_sum[:] = np.asarray(s)
       self.hub_count[:] = np.asarray(c)
+
+  def _over_mesh(self, params, rows, hubs) -> tuple:
+    """The whole-history transform's inputs: sharded over the mesh's devices when there is one
+    (params replicated), else the local copy of params."""
+    if self.mesh is None:
+      return parallel.local_copy(params), rows, hubs
+    rows, hubs = parallel.pad_rows(rows, hubs, self.mesh.size, self.num_hubs)
+    rows = parallel.put(rows, parallel.rows_sharding(self.mesh))
+    hubs = parallel.put(hubs, parallel.rows_sharding(self.mesh))
+    params = parallel.put_tree(params if parallel.is_local(params) else parallel.local_copy(params),
+                               parallel.replicated(self.mesh))
+    return params, rows, hubs
+
+  def warm_up_rows(self, history: history_lib.HistoryMemory) -> None:
+    """Compiles the history row transforms for everything the memory can grow to: a chunk of new
+    rows and the whole history at each of its padded sizes (history.padded_sizes). A server
+    calls it before serving, so no feedback or weight swap compiles on its event loop (a first
+    compile there stalls every request in flight). The kept sums are unchanged."""
+    if not self.keeps_sums or self.params is None:
+      return
+    def padding(n):   # n rows of hub id num_hubs: they sum to nothing
+      return np.zeros((n, history.row_dim), np.float32), np.full(n, self.num_hubs, np.int32)
+    jax.block_until_ready(self._rows_chunk(self.params, *padding(ROW_CHUNK)))
+    for n in history.padded_sizes():
+      jax.block_until_ready(self._rows_all(*self._over_mesh(self.params, *padding(n))))
 
   def history_input_array(self) -> np.ndarray:
     """A copy of the per-hub history input the decisions since `set_params` read ([A, D] summary

@@ -1,4 +1,5 @@
 """util.buckets: the one choice of a padded size."""
+import numpy as np
 import pytest
 
 from gp_jax.util import buckets
@@ -38,3 +39,17 @@ def test_geometric_sizes_and_the_history_rule_on_them():
   assert history_lib.bucket(B + 1) == 2 * B
   assert history_lib.bucket(B + 1, limit=B + 1) == B + A
   assert history_lib.bucket(100, limit=100) == A
+
+
+def test_a_history_lists_every_padded_size_it_can_grow_to():
+  from gp_jax.graph import history as history_lib
+  B, A = history_lib.MIN_BUCKET, history_lib.ALIGN
+  h = history_lib.HistoryMemory(3, 2, capacity=100_000, headroom=64)
+  h.add(np.zeros((5000, 3), np.float32), np.zeros(5000, np.int32))
+  limit = h.capacity + h.headroom
+  sizes = h.padded_sizes()
+  assert sizes == (2 * B, 4 * B, 8 * B, 16 * B, -(-limit // A) * A)
+  # brute force: every row count from now to capacity + headroom pads to one of them
+  assert {history_lib.bucket(n, limit) for n in range(len(h), limit + 1)} == set(sizes)
+  small = history_lib.HistoryMemory(3, 2, capacity=400)
+  assert small.padded_sizes() == (A,)

@@ -302,9 +302,10 @@ class RouterSession:
     self.executor = system.space.roles.roles[executors[0]]
 
   def _start_policy(self, max_concurrency: int, learn: online.LearnSettings | None) -> None:
-    """The batched policy over the memory, compiled by one warm-up decision per batch size. A
-    learning server's exploring requests sample their decisions (with the learner's seed) in the
-    same policy calls as the greedy ones."""
+    """The batched policy over the memory, compiled by one warm-up decision per batch size and
+    one pass of the history row transforms per size the memory can grow to. A learning server's
+    exploring requests sample their decisions (with the learner's seed) in the same policy calls
+    as the greedy ones."""
     self.runner = rollout.PolicyRunner(self.model, self.featurizer.hub_features,
                                        max(BATCH_BUCKETS), featurizer=self.featurizer)
     self.runner.set_params(self.params, self.history if self.reads_memory else None)
@@ -320,6 +321,8 @@ class RouterSession:
         prepare=self._with_retrieval if self._index is not None else None)
     self.memory.attach(self.runner, self.params, on_evict=self._reset_index)
     self.batcher.warm_up(*self._warm_up_observation())
+    if self.reads_memory:   # feedback and swaps then compile nothing on the event loop
+      self.runner.warm_up_rows(self.history)
 
   def _warm_up_observation(self) -> tuple[dict, np.ndarray]:
     """The first observation of a made-up request, and its query embedding (compiling)."""

@@ -84,3 +84,25 @@ def test_without_keys_the_memory_evicts_oldest_first(workdir, tmp_path):
   # Only served rows are left (utility 0.5): the oldest, the training ones, were evicted first.
   utility = s.history.rows[:, 2 * test_config.get_config().model.mem_proj]
   assert np.all(utility == 0.5)
+
+
+def test_following_the_memory_compiles_nothing_while_serving(workdir, tmp_path):
+  # The row transforms are compiled before serving (every size the memory can grow to): a first
+  # compile in a feedback or a weight swap would stall the event loop, and every request on it.
+  s = _session(workdir, tmp_path, share=None)
+  fns = (s.runner._rows_chunk, s.runner._rows_all)
+  compiled = [f._cache_size() for f in fns]
+  assert min(compiled) >= 1
+
+  async def run():
+    served = 0
+    while served < 2 * s.history.capacity:   # incremental sums, evictions, full recomputes
+      c = await s.complete(f"{QUERY} #{served}")
+      await s.feedback(c.record["id"], 1.0)
+      served += len(c.record["calls"])
+    s._swap(s.params, "v-same")
+    await s.aclose()
+
+  asyncio.run(run())
+  assert s.counters["swaps"] == 1
+  assert [f._cache_size() for f in fns] == compiled
