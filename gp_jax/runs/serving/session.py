@@ -52,7 +52,6 @@ import uuid
 from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
@@ -359,7 +358,7 @@ class RouterSession:
   def _swap(self, params, version: str) -> None:
     """New weights for the decisions (on the event loop, between batched policy calls: each
     call copies its inputs on the loop): the per-hub sums recomputed over the memory."""
-    params = jax.tree_util.tree_map(jnp.asarray, params)
+    params = jax.device_put(params)   # the whole tree in one call (not one per leaf)
     self.params = params
     self.runner.set_params(params, self.history if self.reads_memory else None)
     self.memory.attach(self.runner, params, on_evict=self._reset_index)
@@ -476,22 +475,20 @@ class RouterSession:
     created = time.time()
     q = self.make_query(text, task, rid)
     seed = seed if seed is not None else rollout.episode_seed("serve", rid)
-    enc = self.featurizer.encoder
-    (t_emb, q_emb), compute_s = await self._off_loop(enc.encode, [self.describe(q)[0], q.query])
     state = self.env.reset(q)
-    rows = np.zeros((0, self.featurizer.spec.row_dim), np.float32)
     history_rows = len(self.history) if self.reads_memory else 0
-    backbone_s = 0.0
+    backbone_s = compute_s = 0.0
     decisions = 0
     finish = None
     calling = False
     version = self.router_version
-    episode = rollout.Episode(q, state, seed, t_emb, q_emb, rows) if self.learner else None
+    episode = None
     try:
+      (t_emb, q_emb, rows, obs), compute_s = await self._off_loop(
+          self._first_observation, [self.describe(q)[0], q.query], state, self.env.mask(state))
+      if self.learner is not None:
+        episode = rollout.Episode(q, state, seed, t_emb, q_emb, rows)
       while not state.done:
-        obs, dt = await self._off_loop(self.featurizer.observe, state, t_emb, q_emb, rows,
-                                       self.env.mask(state))
-        compute_s += dt
         decision = await self._decide(obs, rid, decisions, q_emb, episode)
         action, policy_s = decision.action, decision.seconds
         compute_s += policy_s
@@ -508,9 +505,10 @@ class RouterSession:
         if episode is not None:
           episode.rewards.append(res.reward)   # -alpha x cost; the feedback score joins it
         finish = res.finish_reason if final else finish
-        new_rows, dt = await self._off_loop(self.featurizer.memory_rows, [res.call], None)
-        rows = np.concatenate([rows, new_rows])
-        compute_s += dt
+        if not state.done:   # the last call's row would be read by no decision
+          (rows, obs), dt = await self._off_loop(self._next_observation, state, res.call, t_emb,
+                                                 q_emb, rows, self.env.mask(state))
+          compute_s += dt
     except asyncio.CancelledError:
       self._log_cancelled(rid, request_id, [_call_record(c) for c in state.calls], calling)
       raise
@@ -530,6 +528,20 @@ class RouterSession:
     self._check_answered(state, record)
     self.counters["served"] += 1
     return Served(state.final_answer, record)
+
+  def _first_observation(self, texts: list[str], state, mask) -> tuple:
+    """Compute thread: a request's task and query embeddings, its (empty) workflow memory rows
+    and its first observation, in one hop (each hop waits its turn behind other requests').
+    texts: the task description and the query."""
+    t_emb, q_emb = self.featurizer.encoder.encode(texts)
+    rows = np.zeros((0, self.featurizer.spec.row_dim), np.float32)
+    return t_emb, q_emb, rows, self.featurizer.observe(state, t_emb, q_emb, rows, mask)
+
+  def _next_observation(self, state, call, t_emb, q_emb, rows, mask) -> tuple:
+    """Compute thread: the workflow memory rows with `call`'s row added, and the next decision's
+    observation (one hop per decision)."""
+    rows = np.concatenate([rows, self.featurizer.memory_rows([call], None)])
+    return rows, self.featurizer.observe(state, t_emb, q_emb, rows, mask)
 
   def _check_answered(self, state, record: dict) -> None:
     """Raises RequestError 502 when the workflow gave no answer (its backbones failed). Its route

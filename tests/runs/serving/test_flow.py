@@ -13,8 +13,10 @@ import json
 import re
 import threading
 import time
+import types
 
 import aiohttp
+import numpy as np
 import openai
 import pytest
 
@@ -399,6 +401,45 @@ def test_on_the_simulator_context_keeps_the_query_and_compute_runs_off_the_loop(
   assert all(c["error"] is None for c in with_context.record["calls"])
   assert {kind for kind, _ in threads} == {"policy", "encode"}
   assert all(name.startswith("router-compute") for _, name in threads), threads
+
+
+def test_each_decision_costs_one_compute_hop_and_reads_the_calls_before_it(workdir):
+  """In process: a request of k decisions waits for the compute thread k times (its encoding and
+  first observation in one hop, then each call's memory row with the next observation), and
+  decision i reads the memory rows of exactly the first i calls of its route."""
+  from gp_jax.runs.serving import session as session_lib
+  s = session_lib.RouterSession(session_lib.load_config(workdir, {}), workdir, max_concurrency=2)
+  hops, seen = [], []
+  off_loop, observe = s._off_loop, s.featurizer.observe
+
+  async def spy_off_loop(fn, *a):
+    hops.append(fn.__name__)
+    return await off_loop(fn, *a)
+
+  def spy_observe(state, t_emb, q_emb, rows, mask):
+    seen.append(np.array(rows))
+    return observe(state, t_emb, q_emb, rows, mask)
+
+  s._off_loop, s.featurizer.observe = spy_off_loop, spy_observe
+
+  async def run():
+    try:
+      return [await s.complete(QUERY, rid=f"chatcmpl-{i}", seed=i) for i in range(3)]
+    finally:
+      await s.aclose()
+
+  served = asyncio.run(run())
+  decisions = [x.record["timing"]["decisions"] for x in served]
+  assert len(hops) == len(seen) == sum(decisions) and min(decisions) >= 1
+  assert hops.count("_first_observation") == len(served)
+  at = 0
+  for x, k in zip(served, decisions):
+    calls = [types.SimpleNamespace(**c) for c in x.record["calls"]]
+    assert len(calls) == k   # one call per decision
+    for i in range(k):
+      expect = s.featurizer.memory_rows(calls[:i], None)
+      np.testing.assert_allclose(seen[at + i], expect, rtol=1e-6, atol=1e-6)
+    at += k
 
 
 def test_pool_streams_the_answer_in_pieces_and_retries_before_the_first():
