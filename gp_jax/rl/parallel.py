@@ -13,6 +13,7 @@ SLURM, Open MPI, Cloud TPU); the mesh then spans every process's devices. Host d
 """
 from __future__ import annotations
 
+import functools
 import pickle
 
 import jax
@@ -96,6 +97,35 @@ def put(x, sharding: NamedSharding) -> jax.Array:
 
 def put_tree(tree, sharding: NamedSharding):
   return jax.tree_util.tree_map(lambda x: put(x, sharding), tree)
+
+
+def to_device(tree):
+  """`tree` with its host leaves on the default device, in one transfer per dtype: the leaves
+  are packed into one flat buffer and split on the device by one jitted call (compiled once per
+  set of shapes). Leaves that are already JAX arrays stay as they are. A tree of many small
+  leaves (the router's weights) otherwise costs one dispatch per leaf."""
+  leaves, treedef = jax.tree_util.tree_flatten(tree)
+  groups: dict = {}
+  for i, x in enumerate(leaves):
+    if not isinstance(x, jax.Array):
+      x = leaves[i] = np.asarray(x)
+      groups.setdefault(x.dtype, []).append(i)
+  for idx in groups.values():
+    shapes = tuple(leaves[i].shape for i in idx)
+    flat = np.concatenate([leaves[i].ravel() for i in idx])
+    for i, x in zip(idx, _split(flat, shapes)):
+      leaves[i] = x
+  return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _split(flat, shapes: tuple):
+  out, at = [], 0
+  for shape in shapes:
+    n = int(np.prod(shape))
+    out.append(flat[at:at + n].reshape(shape))
+    at += n
+  return out
 
 
 def pad_rows(rows: np.ndarray, segment: np.ndarray, multiple: int, drop_segment: int):

@@ -59,6 +59,7 @@ from gp_jax import errors
 from gp_jax.graph import features as features_lib
 from gp_jax.llm import base
 from gp_jax.rl import decisions
+from gp_jax.rl import parallel
 from gp_jax.rl import rollout
 from gp_jax.runs import config_defaults
 from gp_jax.runs import system as system_lib
@@ -352,13 +353,14 @@ class RouterSession:
     self.router_version = self.learner.version
     if self.learner.version != "v0":   # a restart resumes the serving version
       self._swap(self.learner.params, self.learner.version)
+    parallel.to_device(self.learner.params)   # compiles a swap's transfer before serving
     obs, _ = self._warm_up_observation()
     self.learner.warm_up(obs, self.history.view() if self.reads_memory else None)
 
   def _swap(self, params, version: str) -> None:
     """New weights for the decisions (on the event loop, between batched policy calls: each
     call copies its inputs on the loop): the per-hub sums recomputed over the memory."""
-    params = jax.device_put(params)   # the whole tree in one call (not one per leaf)
+    params = parallel.to_device(params)   # one transfer, not one dispatch per leaf
     self.params = params
     self.runner.set_params(params, self.history if self.reads_memory else None)
     self.memory.attach(self.runner, params, on_evict=self._reset_index)

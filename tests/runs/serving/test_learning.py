@@ -20,6 +20,7 @@ import pytest
 from experiments.configs import test as test_config
 from gp_jax.graph import features as features_lib
 from gp_jax.rl import loop as rl_loop
+from gp_jax.rl import parallel
 from gp_jax.rl import rollout
 from gp_jax.runs import ppo_config
 from gp_jax.runs import system as system_lib
@@ -248,6 +249,27 @@ def test_canary_guard_rejects_a_worse_candidate_and_kl_guard_a_far_one(workdir, 
     learner.settings = dataclasses.replace(settings, max_kl=bound, kl_backtrack=0)
     got, beta, _, _ = learner.backtrack(a, b, obs, weights, view)
     assert beta == 1.0 and learner.judge(a, got, obs, weights, view)["reason"] == "kl"
+  finally:
+    asyncio.run(s.aclose())
+
+
+def test_a_swap_compiles_nothing_and_installs_the_exact_weights(workdir, tmp_path):
+  """A learning server compiles a swap's weight transfer before serving (a first compile on the
+  event loop would stall every request in flight); the decisions then read exactly the weights
+  swapped in, on the device."""
+  config = session_lib.load_config(workdir)
+  settings = online.LearnSettings(every=4, explore=0.0, canary_size=4)
+  s = session_lib.RouterSession(config, workdir, max_concurrency=2, learn=settings,
+                                versions_dir=tmp_path / "versions")
+  try:
+    compiled = parallel._split._cache_size()
+    host = jax.tree_util.tree_map(lambda x: np.asarray(x) * 0.5, s.learner.params)
+    s._swap(host, "v-half")
+    assert parallel._split._cache_size() == compiled
+    for a, b in zip(jax.tree_util.tree_leaves(host), jax.tree_util.tree_leaves(s.runner.params)):
+      assert isinstance(b, jax.Array)
+      np.testing.assert_array_equal(np.asarray(b), a)
+    assert s.router_version == "v-half"
   finally:
     asyncio.run(s.aclose())
 
