@@ -479,7 +479,7 @@ class RouterSession:
     seed = seed if seed is not None else rollout.episode_seed("serve", rid)
     state = self.env.reset(q)
     history_rows = len(self.history) if self.reads_memory else 0
-    backbone_s = compute_s = 0.0
+    backbone_s = 0.0
     decisions = 0
     finish = None
     calling = False
