@@ -94,6 +94,8 @@ def get_config() -> ml_collections.ConfigDict:
                                    # 2 per-call credit of the scored utility + per-hub statistics
                                    # read by policy and value (docs/memory.md); records without
                                    # the field are layout 1
+  c.model.memory_bias = False      # row layout 2 only: add to each hub's logit a bias computed
+                                   # from that hub's statistics alone (docs/memory.md)
 
   c.ppo = ml_collections.ConfigDict()
   c.ppo.learning_rate = 3e-4       # paper

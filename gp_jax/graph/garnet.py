@@ -35,6 +35,12 @@ per-hub statistics of the history (gp_jax/graph/history.py, HubStats: confidence
 weighted utility, cost and failure rate). The policy adds T_stats(hub_stats) to H_hist; the value
 network pools T_value_hub(hub features) + T_value_stats(hub_stats) over the hubs (mean and max), so both read
 what the history says of each hub.
+Memory bias (memory_bias=True, row layout 2 only; docs/memory.md): each hub's logit also gets
+    b(s_a) = w2 . ReLU(W1 s_a + b1) + b2,   logits_a = H_a . z + b(s_a),
+one small network shared by every hub, reading only that hub's statistics s_a (not its identity,
+role or description), with w2 and b2 initialised to 0 (so it starts as the model without it). It
+can only express what the statistics say of a hub, whichever hub it is, so weights cannot learn
+it as a function of hub identity: its one use is to follow the evidence in the memory.
 The history graph always aggregates with the mean: its per-hub sums must stay prefix-summable so
 that the PPO update can rebuild every decision's exact snapshot; attention over history rows would
 need each snapshot's softmax normaliser, which prefix sums of rows cannot give.
@@ -239,6 +245,7 @@ class GARNet(nn.Module):
   heads: int = 4
   input_width: int = 0
   row_layout: int = 1
+  memory_bias: bool = False
 
   @property
   def reads_stats(self) -> bool:
@@ -266,8 +273,14 @@ class GARNet(nn.Module):
     aggregate = {"gat": "gat", "transformer": "transformer"}.get(self.encoder, "mean")
     self.layers = [GARNetLayer(self.hidden, aggregate=aggregate, shared=homogeneous,
                                heads=self.heads) for _ in range(self.num_layers)]
+    if self.memory_bias and not self.reads_stats:
+      raise ValueError("memory_bias reads the per-hub statistics of row layout 2; "
+                       f"row_layout is {self.row_layout}")
     if self.reads_stats:
       self.hist_stats = TableTransform(self.hidden)
+    if self.memory_bias:
+      self.bias_hidden = nn.Dense(self.hidden)
+      self.bias_out = nn.Dense(1, kernel_init=nn.initializers.zeros)
     self.policy_mlp = MLP((self.mlp_hidden, self.hidden), last_scale=0.01)
     if homogeneous:
       self.value_shared = SharedTransform(self.input_width, self.hidden)
@@ -315,7 +328,13 @@ class GARNet(nn.Module):
     H = graph.nodes[1:1 + h_hist.shape[0]]
     z = self.policy_mlp(jnp.concatenate([obs["task"], obs["query"], obs["state"]]))
     logits = H @ z
+    if self.memory_bias:
+      logits = logits + self.stats_bias(_hub_stats(obs))
     return jnp.where(obs["mask"], logits, NEG_INF)
+
+  def stats_bias(self, hub_stats):
+    """b(s_a) [A]: each hub's logit bias from its own statistics only (module notes)."""
+    return self.bias_out(nn.relu(self.bias_hidden(hub_stats)))[:, 0]
 
   def value(self, hub_features, obs):
     """Scalar state value for one observation."""

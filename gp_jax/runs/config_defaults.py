@@ -30,6 +30,7 @@ FIELDS: dict[str, object] = {
     "model.encoder": "garnet",
     "model.retrieval_k": 5,
     "model.attention_heads": 4,
+    "model.memory_bias": False,
     "ppo.lr_schedule": "constant",
     "ppo.lr_final_fraction": 0.0,
     "ppo.entropy_schedule": "constant",

@@ -85,6 +85,11 @@ def make_model(config, spec: features_lib.FeatureSpec | None = None, *,
   layout = row_layout(config) if layout is None else layout
   if layout != 1:
     kw["row_layout"] = layout
+  if m.memory_bias:
+    if layout != 2:
+      raise errors.ConfigError("config.model.memory_bias reads row layout 2's per-hub statistics; "
+                               f"config.model.row_layout is {layout}")
+    kw["memory_bias"] = True
   return garnet_lib.GARNet(hidden=int(m.hidden), num_layers=int(m.num_layers),
                            mlp_hidden=int(m.mlp_hidden),
                            use_history=history in ("transductive", "summary"), **kw)

@@ -38,6 +38,7 @@ SWITCHED_OFF_WHEN = {
     "sim": lambda flat: flat.get("sim.world", "v1") == "v1" and not flat.get("sim.world_file", ""),
     "train.pool_perturb": lambda flat: not flat.get("train.pool_perturb.enabled", False),
     "model.row_layout": lambda flat: flat.get("model.row_layout", 1) == 1,
+    "model.memory_bias": lambda flat: not flat.get("model.memory_bias", False),
 }
 
 

@@ -96,12 +96,14 @@ def _obs(rng, A, D=8, M=3):
               mask=np.ones(A, bool))
 
 
-def test_failed_flag_and_hub_statistics_reach_the_decision_of_a_trained_toy_router():
+@pytest.mark.parametrize("memory_bias", [False, True])
+def test_failed_flag_and_hub_statistics_reach_the_decision_of_a_trained_toy_router(memory_bias):
   """A toy layout-2 router is trained (policy cross-entropy) to pick the hub with the best
   recent record; rows with the failed flag set, turned into statistics, then move its choice."""
   rng = np.random.default_rng(3)
   A, D = 4, 8
-  model = garnet_lib.GARNet(hidden=16, num_layers=1, mlp_hidden=16, row_layout=2)
+  model = garnet_lib.GARNet(hidden=16, num_layers=1, mlp_hidden=16, row_layout=2,
+                            memory_bias=memory_bias)
   hub_features = jnp.asarray(rng.normal(size=(A, 2 * D)).astype(np.float32))
   zero_sum, ones = jnp.zeros((A, 16)), jnp.ones(A)
   obs0 = _obs(rng, A, D)
@@ -176,3 +178,48 @@ def test_a_layout_2_policy_without_hub_statistics_is_an_error():
   h = model.apply({"params": params}, hf, jnp.zeros((A, 8)), jnp.ones(A), method=model.history_hubs)
   with pytest.raises(ValueError, match="hub_stats"):
     model.apply({"params": params}, h, obs, method=model.policy)
+
+
+def test_the_memory_bias_reads_each_hubs_own_statistics_and_starts_at_zero():
+  rng = np.random.default_rng(5)
+  A, D = 5, 8
+  with_bias = garnet_lib.GARNet(hidden=8, num_layers=1, mlp_hidden=8, row_layout=2,
+                                memory_bias=True)
+  without = garnet_lib.GARNet(hidden=8, num_layers=1, mlp_hidden=8, row_layout=2)
+  hf = jnp.asarray(rng.normal(size=(A, 2 * D)).astype(np.float32))
+  obs = dict(_obs(rng, A, D), hub_stats=rng.uniform(size=(A, history_lib.STAT_DIM))
+             .astype(np.float32))
+  params = with_bias.init(jax.random.PRNGKey(0), hf, jnp.zeros((2, F)), obs)["params"]
+  shared = {k: v for k, v in params.items() if not k.startswith("bias_")}
+  assert set(params) - set(shared) == {"bias_hidden", "bias_out"}
+
+  def logits(model, p, o):
+    h = model.apply({"params": p}, hf, jnp.zeros((A, 8)), jnp.ones(A), method=model.history_hubs)
+    return np.asarray(model.apply({"params": p}, h, o, method=model.policy))
+
+  # initialised to add nothing: the same logits as the model without it, same other weights
+  np.testing.assert_array_equal(logits(with_bias, params, obs), logits(without, shared, obs))
+
+  # once trained (here: random output weights), hub a's bias is b(s_a), one function for all hubs
+  params = dict(params, bias_out=dict(
+      kernel=jnp.asarray(rng.normal(size=(8, 1)).astype(np.float32)), bias=jnp.ones(1)))
+
+  def bias(stats):
+    return np.asarray(with_bias.apply({"params": params}, jnp.asarray(stats),
+                                      method=with_bias.stats_bias))
+  b = bias(obs["hub_stats"])
+  assert b.shape == (A,) and np.ptp(b) > 0
+  perm = rng.permutation(A)
+  np.testing.assert_allclose(bias(obs["hub_stats"][perm]), b[perm], rtol=1e-6)
+  changed = obs["hub_stats"].copy()
+  changed[2] = 1.0 - changed[2]
+  moved = bias(changed) - b
+  assert abs(moved[2]) > 0 and np.all(moved[np.arange(A) != 2] == 0)
+  np.testing.assert_allclose(logits(with_bias, params, obs) - logits(without, shared, obs), b,
+                             rtol=1e-5, atol=1e-6)
+
+
+def test_the_memory_bias_needs_row_layout_2():
+  with pytest.raises(ValueError, match="row layout 2"):
+    garnet_lib.GARNet(hidden=8, memory_bias=True).init(
+        jax.random.PRNGKey(0), jnp.zeros((3, 16)), jnp.zeros((2, F)), _obs(np.random.default_rng(0), 3))

@@ -4,9 +4,12 @@ statistics follow the history as episodes join it."""
 import asyncio
 
 import jax
+import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from experiments.configs import test as test_config
+from gp_jax import errors
 from gp_jax.graph import history as history_lib
 from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import loop as loop_lib
@@ -17,14 +20,21 @@ from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 
 
-def test_update_sees_the_statistics_each_decision_read():
+@pytest.mark.parametrize("memory_bias", [False, True])
+def test_update_sees_the_statistics_each_decision_read(memory_bias):
   cfg = test_config.get_config()
   cfg.model.row_layout = 2                  # opt-in; the default stays layout 1
+  cfg.model.memory_bias = memory_bias
   assert training.row_layout(cfg) == 2
   sysm = system_lib.build(cfg)
   feat = sysm.featurizer
   model = training.make_model(cfg, feat.spec)
+  assert model.memory_bias == memory_bias
   params = loop_lib.init_state(model, feat, ppo_config.make_optimizer(cfg), 0).params
+  if memory_bias:   # a bias that is not zero (it starts at zero), so the statistics weigh on it
+    k = params["bias_out"]["kernel"]
+    params = dict(params, bias_out=dict(params["bias_out"], kernel=jnp.asarray(
+        np.random.default_rng(9).normal(size=k.shape).astype(np.float32) * 3)))
   A = sysm.space.size
   rng = np.random.default_rng(0)
   history = history_lib.HistoryMemory(feat.spec.row_dim, A, capacity=10_000)
@@ -52,3 +62,10 @@ def test_update_sees_the_statistics_each_decision_read():
   tr = batch.transitions
   got = np.take_along_axis(np.asarray(logp), tr["actions"][:, None], 1)[:n, 0]
   np.testing.assert_allclose(got, tr["old_logp"][:n], atol=2e-4)
+
+
+def test_a_memory_bias_on_row_layout_1_is_a_config_error():
+  cfg = test_config.get_config()
+  cfg.model.memory_bias = True
+  with pytest.raises(errors.ConfigError, match="memory_bias reads row layout 2"):
+    training.make_model(cfg)
