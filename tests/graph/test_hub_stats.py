@@ -220,6 +220,7 @@ def test_the_memory_bias_reads_each_hubs_own_statistics_and_starts_at_zero():
 
 
 def test_the_memory_bias_needs_row_layout_2():
+  obs = _obs(np.random.default_rng(0), 3)
   with pytest.raises(ValueError, match="row layout 2"):
     garnet_lib.GARNet(hidden=8, memory_bias=True).init(
-        jax.random.PRNGKey(0), jnp.zeros((3, 16)), jnp.zeros((2, F)), _obs(np.random.default_rng(0), 3))
+        jax.random.PRNGKey(0), jnp.zeros((3, 16)), jnp.zeros((2, F)), obs)
