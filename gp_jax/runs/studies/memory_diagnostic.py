@@ -15,6 +15,8 @@ each injection the diagnostic reports
                  query (valid actions only);
   margin_change  the mean change of (mean logit of the LLM's valid hubs - mean logit of the other
                  valid hubs) at the first decisions: negative = the policy moves away from it;
+  bias_change    (model.memory_bias routers) the mean change of the memory bias b(s_a) over the
+                 LLM's hubs: the part of the logit change that the bias path makes;
 and, without injection, the sensitivity of the logits to each hub's history input: the Frobenius
 norm of d logits / d (hub a's history mean) (and / d (hub a's statistics), row layout 2) at the
 first decision, averaged over the queries, per hub and summed per LLM.
@@ -136,6 +138,11 @@ def diagnose(system, env, model, params, history: history_lib.HistoryMemory, llm
          - np.where(other, lg, 0).sum(1) / np.maximum(other.sum(1), 1))
     return m[ok]
   base_margin = margin(base_logits)
+
+  def bias(stats):
+    return np.asarray(model.apply({"params": runner.params}, jnp.asarray(stats),
+                                  method=model.stats_bias))
+  base_bias = bias(base_stats) if model.memory_bias else None
   rows = {}
   for kind in INJECTIONS:
     h = inject(history, hubs, kind)
@@ -157,6 +164,8 @@ def diagnose(system, env, model, params, history: history_lib.HistoryMemory, llm
                else math.nan)
     if base_stats is not None:
       rec["input_change_stats"] = float(np.linalg.norm((runner.stats_table() - base_stats)[hubs]))
+    if model.memory_bias:
+      rec["bias_change"] = float((bias(runner.stats_table()) - base_bias)[hubs].mean())
     rows[kind] = rec
   sens_out = {k: dict(per_hub=v.tolist(), llm=float(v[hubs].sum()),
                       all_hubs=float(v.sum())) for k, v in sens.items()}
@@ -170,11 +179,12 @@ def report_lines(d: dict) -> list[str]:
   lines = [f"memory diagnostic: {d['llm']}, {d['queries']} test queries, {d['history_rows']} "
            f"history rows ({d['llm_rows']} of its hubs), row layout {d['row_layout']}", "",
            "| injection | share | reward | input change (mean) | input change (stats) | "
-           "logit change | margin change |", "|---|---|---|---|---|---|---|"]
+           "logit change | margin change | bias change |", "|---|---|---|---|---|---|---|---|"]
   for k, r in d["injections"].items():
+    bias = f"{r['bias_change']:+.3g}" if "bias_change" in r else "-"
     lines.append(f"| {k} | {r['share']:.3f} | {r['reward']:.3f} | {r['input_change_mean']:.3g} | "
                  f"{r.get('input_change_stats', math.nan):.3g} | {r['logit_change']:.3g} | "
-                 f"{r['margin_change']:+.3g} |")
+                 f"{r['margin_change']:+.3g} | {bias} |")
   for k, s in d["sensitivity"].items():
     lines.append(f"\n|d logits / d {k}|: {s['llm']:.3g} over the LLM's hubs, {s['all_hubs']:.3g} "
                  "over all hubs (mean over first decisions)")

@@ -1,6 +1,10 @@
 """The memory diagnostic (gp_jax/runs/studies/memory_diagnostic.py) and row layouts of trained
 workdirs: a workdir recorded before model.row_layout existed evaluates as layout 1."""
 import json
+import os
+import pathlib
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -11,6 +15,8 @@ from gp_jax.runs import evaluate as evaluation
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 from gp_jax.runs.studies import memory_diagnostic as diag
+
+REPO = pathlib.Path(__file__).resolve().parents[3]
 
 
 def test_inject_overwrites_only_the_llms_rows():
@@ -81,3 +87,27 @@ def test_training_under_a_perturbed_pool_puts_failures_in_the_history(tmp_path):
   assert sysm.world.events is before
   _, _, history = training.load_router(c, tmp_path, sysm, best=False)
   assert history.rows[:, -1].max() == 1.0 and history.rows[:, -1].min() == 0.0
+
+
+def test_a_memory_bias_router_trains_and_the_diagnostic_reports_its_bias_through_the_cli(
+    tmp_path):
+  """What a user runs: experiments.train with model.memory_bias (row layout 2, training under
+  changing pools), then experiments.memory_diagnostic on the workdir, both as subprocesses."""
+  flags = ["--config=experiments/configs/test.py", f"--workdir={tmp_path}",
+           "--config.model.row_layout=2", "--config.model.memory_bias=True",
+           "--config.train.pool_perturb.enabled=True", "--config.train.episodes=32"]
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  train = subprocess.run([sys.executable, "-m", "experiments.train", *flags, "--evaluate=False"],
+                         cwd=REPO, capture_output=True, text=True, env=env, timeout=600)
+  assert train.returncode == 0, train.stderr[-2000:]
+  out = tmp_path / "diag.json"
+  run = subprocess.run([sys.executable, "-m", "experiments.memory_diagnostic", *flags,
+                        f"--out={out}"], cwd=REPO, capture_output=True, text=True, env=env,
+                       timeout=600)
+  assert run.returncode == 0, run.stderr[-2000:]
+  d = json.loads(out.read_text())
+  inj = d["injections"]
+  assert d["row_layout"] == 2 and all("bias_change" in r for r in inj.values())
+  assert inj["none"]["bias_change"] == 0
+  assert inj["failing"]["bias_change"] != 0     # trained: the bias reads the failure rows
+  assert "| bias change |" in run.stdout
