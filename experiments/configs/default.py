@@ -96,6 +96,12 @@ def get_config() -> ml_collections.ConfigDict:
                                    # the field are layout 1
   c.model.memory_bias = False      # row layout 2 only: add to each hub's logit a bias computed
                                    # from that hub's statistics alone (docs/memory.md)
+  c.model.memory_predictor = False  # row layout 2, transductive history: a head trained by
+                                   # regression to predict each hub's next-call reward from its
+                                   # statistics; kappa x its prediction joins the hub's logit
+  c.model.memory_predictor_scale = 15.0  # kappa, logits per unit of predicted call reward (set
+                                   # before any run from the training memory's reward scale:
+                                   # docs/memory.md)
 
   c.ppo = ml_collections.ConfigDict()
   c.ppo.learning_rate = 3e-4       # paper

@@ -41,6 +41,16 @@ one small network shared by every hub, reading only that hub's statistics s_a (n
 role or description), with w2 and b2 initialised to 0 (so it starts as the model without it). It
 can only express what the statistics say of a hub, whichever hub it is, so weights cannot learn
 it as a function of hub identity: its one use is to follow the evidence in the memory.
+Memory predictor (memory_predictor=True, row layout 2 only; docs/memory.md): a small network
+    U(s_a) = w2 . ReLU(W1 s_a + b1) + b2,
+shared by every hub and reading only that hub's statistics, is trained by regression (not by
+PPO) to predict the utility the hub's next call brings from the statistics of its earlier calls
+(history.predictor_pairs: every history row is one example). With c(s_a) the hub's recency-
+weighted mean call cost (read from its statistics), the predicted reward of its next call enters
+the logit with a fixed weight kappa (predictor_scale):
+    logits_a = H_a . z + kappa * stop_gradient(U(s_a) - alpha * c(s_a)),
+so what the memory says of a hub moves its logit by an amount the policy gradient does not have
+to discover (alpha = predictor_alpha, the reward's).
 The history graph always aggregates with the mean: its per-hub sums must stay prefix-summable so
 that the PPO update can rebuild every decision's exact snapshot; attention over history rows would
 need each snapshot's softmax normaliser, which prefix sums of rows cannot give.
@@ -246,6 +256,14 @@ class GARNet(nn.Module):
   input_width: int = 0
   row_layout: int = 1
   memory_bias: bool = False
+  memory_predictor: bool = False
+  predictor_scale: float = 0.0
+  predictor_alpha: float = 0.0
+
+  @property
+  def has_memory_term(self) -> bool:
+    """The logits get a term read from each hub's statistics alone (memory_term)."""
+    return self.memory_bias or self.memory_predictor
 
   @property
   def reads_stats(self) -> bool:
@@ -273,14 +291,18 @@ class GARNet(nn.Module):
     aggregate = {"gat": "gat", "transformer": "transformer"}.get(self.encoder, "mean")
     self.layers = [GARNetLayer(self.hidden, aggregate=aggregate, shared=homogeneous,
                                heads=self.heads) for _ in range(self.num_layers)]
-    if self.memory_bias and not self.reads_stats:
-      raise ValueError("memory_bias reads the per-hub statistics of row layout 2; "
-                       f"row_layout is {self.row_layout}")
+    for flag in ("memory_bias", "memory_predictor"):
+      if getattr(self, flag) and not self.reads_stats:
+        raise ValueError(f"{flag} reads the per-hub statistics of row layout 2; "
+                         f"row_layout is {self.row_layout}")
     if self.reads_stats:
       self.hist_stats = TableTransform(self.hidden)
     if self.memory_bias:
       self.bias_hidden = nn.Dense(self.hidden)
       self.bias_out = nn.Dense(1, kernel_init=nn.initializers.zeros)
+    if self.memory_predictor:
+      self.pred_hidden = nn.Dense(self.hidden)
+      self.pred_out = nn.Dense(1)
     self.policy_mlp = MLP((self.mlp_hidden, self.hidden), last_scale=0.01)
     if homogeneous:
       self.value_shared = SharedTransform(self.input_width, self.hidden)
@@ -328,13 +350,33 @@ class GARNet(nn.Module):
     H = graph.nodes[1:1 + h_hist.shape[0]]
     z = self.policy_mlp(jnp.concatenate([obs["task"], obs["query"], obs["state"]]))
     logits = H @ z
-    if self.memory_bias:
-      logits = logits + self.stats_bias(_hub_stats(obs))
+    if self.has_memory_term:
+      logits = logits + self.memory_term(_hub_stats(obs))
     return jnp.where(obs["mask"], logits, NEG_INF)
 
   def stats_bias(self, hub_stats):
     """b(s_a) [A]: each hub's logit bias from its own statistics only (module notes)."""
     return self.bias_out(nn.relu(self.bias_hidden(hub_stats)))[:, 0]
+
+  def predict_utility(self, hub_stats):
+    """U(s) [...]: the predicted utility of a hub's next call from its statistics [..., S]."""
+    return self.pred_out(nn.relu(self.pred_hidden(hub_stats)))[..., 0]
+
+  def predict_reward(self, hub_stats):
+    """U(s) - alpha c(s) [...]: the predicted reward of a hub's next call, c(s) its recency-
+    weighted mean call cost (the statistics hold log(1 + c))."""
+    cost = jnp.expm1(hub_stats[..., history_lib.STAT_NAMES.index("cost")])
+    return self.predict_utility(hub_stats) - self.predictor_alpha * cost
+
+  def memory_term(self, hub_stats):
+    """[A] what the logits get from each hub's statistics alone: the memory bias b(s_a) and
+    kappa x the predicted reward (no policy gradient reaches the predictor through it)."""
+    term = jnp.zeros(hub_stats.shape[:-1])
+    if self.memory_bias:
+      term = term + self.stats_bias(hub_stats)
+    if self.memory_predictor:
+      term = term + self.predictor_scale * jax.lax.stop_gradient(self.predict_reward(hub_stats))
+    return term
 
   def value(self, hub_features, obs):
     """Scalar state value for one observation."""

@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 
 import numpy as np
+from scipy import signal as scipy_signal
 
 from gp_jax import errors
 from gp_jax.util import buckets as buckets_lib
@@ -236,10 +237,62 @@ class HubStats:
 
   def table(self) -> np.ndarray:
     """[A, STAT_DIM] float32 (STAT_NAMES)."""
-    n = self.n
-    has = n > 0
-    w = np.where(has, np.maximum(self.sums[:, 0], 1e-30), 1.0)
-    mean = np.where(has[:, None], self.sums[:, 1:] / w[:, None], 0.0)
-    out = np.stack([n / (n + CONFIDENCE_ROWS), (~has).astype(np.float64), mean[:, 0],
-                    np.log1p(np.maximum(mean[:, 1], 0.0)), mean[:, 2]], 1)
-    return out.astype(np.float32)
+    return stats_table(self.n, self.sums)
+
+
+def stats_table(n: np.ndarray, sums: np.ndarray) -> np.ndarray:
+  """[K, STAT_DIM] float32 statistics (STAT_NAMES) from row counts n [K] and recency-weighted
+  sums [K, 4] (weight, utility, cost, failed), one entry per hub (or per predictor pair)."""
+  n = np.asarray(n, np.float64)
+  has = n > 0
+  w = np.where(has, np.maximum(sums[:, 0], 1e-30), 1.0)
+  mean = np.where(has[:, None], sums[:, 1:] / w[:, None], 0.0)
+  out = np.stack([n / (n + CONFIDENCE_ROWS), (~has).astype(np.float64), mean[:, 0],
+                  np.log1p(np.maximum(mean[:, 1], 0.0)), mean[:, 2]], 1)
+  return out.astype(np.float32)
+
+
+# ---- the memory predictor's supervised pairs (model.memory_predictor) ----------------------------
+# Each history row is one example of "a hub's next call, given what the memory said of the hub
+# before it": input = the statistics of the same hub's earlier rows in the memory (stats_table of
+# the rows that arrived before it, as HubStats would give after adding exactly those rows);
+# target = the utility the call brought: its credit, and for a failed call - u_bar, u_bar the mean
+# credit of the memory's answered rows: a failed call's credit is 0, yet the episode loses the
+# answer it should have given, so it is charged the utility an answered call earns on average
+# (without the charge a failing LLM would look like a free one that answers nothing of worth). The
+# cost of the next call is not predicted: GARNet takes it from the hub's statistics (its
+# recency-weighted mean cost), with the reward's alpha. The memory is a window, so the first
+# rows of each hub in it are examples with little or no evidence, as a decision on a new or
+# long-unused hub has.
+
+def predictor_pairs(rows: np.ndarray, hubs: np.ndarray, num_hubs: int, size: int,
+                    recency: float = RECENCY) -> dict:
+  """The predictor's examples from rows [n, F] of hubs [n] (arrival order), padded to `size`.
+
+  Returns pred_stats [size, STAT_DIM], pred_target [size], pred_weight [size] (1 for a real row,
+  0 for padding and rows of padding hubs), row i's example at index i (aligned with
+  HistoryMemory.padded()).
+  """
+  rows, hubs = np.asarray(rows, np.float64), np.asarray(hubs, np.int64)
+  n = len(hubs)
+  if size < n:
+    raise ValueError(f"{n} rows exceed the padded size {size}")
+  stats = np.zeros((size, STAT_DIM), np.float32)
+  target = np.zeros(size, np.float32)
+  weight = np.zeros(size, np.float32)
+  stats[:, STAT_NAMES.index("empty")] = 1.0
+  real = hubs < num_hubs
+  answered = real & (rows[:, -1] == 0)
+  u_bar = float(rows[answered, -3].mean()) if answered.any() else 0.0
+  for a in range(int(num_hubs)):
+    idx = np.flatnonzero(hubs == a)
+    if not len(idx):
+      continue
+    x = np.stack([np.ones(len(idx)), rows[idx, -3], rows[idx, -2], rows[idx, -1]], 1)
+    # inclusive recency-weighted sums S_k = recency * S_{k-1} + x_k; a row reads S_{k-1}
+    inclusive = scipy_signal.lfilter([1.0], [1.0, -recency], x, axis=0)
+    before = np.concatenate([np.zeros((1, 4)), inclusive[:-1]], 0)
+    stats[idx] = stats_table(np.arange(len(idx)), before)
+    target[idx] = rows[idx, -3] - u_bar * rows[idx, -1]
+    weight[idx] = 1.0
+  return dict(pred_stats=stats, pred_target=target, pred_weight=weight)

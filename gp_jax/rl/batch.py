@@ -148,12 +148,14 @@ def padding_buckets(max_size: int, unit: int) -> list[int]:
 
 def build_batch(episodes: Sequence[Any], history: history_lib.HistoryMemory | None, *,
                 batch_size: int, num_episodes: int, max_calls: int,
-                num_hubs: int) -> tuple[Batch, dict]:
+                num_hubs: int, predictor: bool = False) -> tuple[Batch, dict]:
   """GraphPlanner's packed Batch of `batch_size` transitions, and the history inputs, from
   finished rollout episodes (gp_jax.rl.rollout.Episode).
 
   num_episodes, max_calls: the grid (the update's episode count and the MDP's call bound).
-  history: the memory whose per-hub sums the decisions read (transductive), else None."""
+  history: the memory whose per-hub sums the decisions read (transductive), else None.
+  predictor: the model has a memory predictor: the history inputs also hold its examples, one
+  per history row (history.predictor_pairs)."""
   obs = [o for e in episodes for o in e.obs]
   snaps = [s for e in episodes for s in e.snapshots]
   n = len(obs)
@@ -163,6 +165,9 @@ def build_batch(episodes: Sequence[Any], history: history_lib.HistoryMemory | No
     history = history_lib.HistoryMemory(obs[0]["rows"].shape[-1], num_hubs, capacity=0)
     snaps = np.zeros(len(snaps), np.int64)
   hist_inputs = history.update_inputs(np.asarray(snaps), num_chunks=batch_size + 1)
+  if predictor:
+    hist_inputs.update(history_lib.predictor_pairs(history.rows, history.hubs, num_hubs,
+                                                   size=hist_inputs["rows"].shape[0]))
   transitions = dict(obs=features_lib.stack(obs),
                      actions=np.asarray([a for e in episodes for a in e.actions], np.int32),
                      old_logp=np.asarray([l for e in episodes for l in e.logp], np.float32),

@@ -111,6 +111,8 @@ class LoopSettings:
     history_capacity: rows the history memory keeps after each update's eviction.
     background_checkpoints: write checkpoints in a thread while the run goes on (one process;
       a gain where cores are idle: orbax's writes compress, so they cost CPU time).
+    predictor: the model has a memory predictor (GARNet.memory_predictor): every update also
+      gets its examples from the history rows (history.predictor_pairs).
   """
   episodes: int
   episodes_per_iter: int
@@ -122,6 +124,7 @@ class LoopSettings:
   history: str
   history_capacity: int
   background_checkpoints: bool = False
+  predictor: bool = False
 
   @property
   def iterations(self) -> int:
@@ -337,7 +340,7 @@ def _iteration(loop: _Loop, state: ppo.TrainingState, progress: LoopState,
   size = _padded_size(loop, progress.padded_size, sum(len(e.rewards) for e in episodes))
   batch, hist_inputs = batch_lib.build_batch(
       episodes, loop.history if s.history == "transductive" else None, batch_size=size, num_episodes=s.episodes_per_iter, max_calls=s.max_calls,
-      num_hubs=loop.env.space.size)
+      num_hubs=loop.env.space.size, predictor=s.predictor)
   if s.history == "summary":   # the summary every decision of this iteration read
     hist_inputs["summary"] = loop.runner.history_input_array()
   state, m = loop.update(state, loop.hub_features, hist_inputs, batch)

@@ -265,9 +265,19 @@ def normalize_advantages(advantages: chex.Array, weights: chex.Array) -> chex.Ar
   return (advantages - mean) / (std + 1e-8)
 
 
+def predictor_loss(model: garnet_lib.GARNet, params, hist: dict):
+  """GARNet's memory predictor's regression loss (model.memory_predictor): the weighted mean of
+  0.5 (U(s_i) - y_i)^2 over the history rows' examples (history.predictor_pairs in hist)."""
+  pred = model.apply({"params": params}, hist["pred_stats"], method=model.predict_utility)
+  w = hist["pred_weight"]
+  loss = 0.5 * jnp.sum(w * jnp.square(pred - hist["pred_target"])) / jnp.maximum(w.sum(), 1.0)
+  return loss, dict(predictor_loss=loss)
+
+
 def learn(forward: Forward, optimizer: optax.GradientTransformation, settings: PPOSettings,
           params, opt_state, key: jax.Array, batch: batch_lib.Batch, *,
-          entropy_coef: chex.Array, constrain: Callable[[Any], Any] | None = None):
+          entropy_coef: chex.Array, constrain: Callable[[Any], Any] | None = None,
+          aux_loss: Callable[[Any], tuple[jax.Array, dict]] | None = None):
   """The PPO update of every learner here (call it inside the learner's jit).
 
   GAE over the batch's episodes (batch_lib.advantages), advantages standardised over the real
@@ -285,6 +295,8 @@ def learn(forward: Forward, optimizer: optax.GradientTransformation, settings: P
     entropy_coef: the entropy weight of this update (entropy_coefficient).
     constrain: applied to the shuffled [num_minibatches, B, ...] transitions of each epoch
       (sharding constraints of a data-parallel update).
+    aux_loss: aux_loss(params) -> (loss, metrics), added to every minibatch's loss (a supervised
+      head trained beside the policy: GARNet's memory predictor).
   Returns:
     (params, opt_state, metrics averaged over all steps: ppo_loss's, and grad_norm).
   """
@@ -296,9 +308,14 @@ def learn(forward: Forward, optimizer: optax.GradientTransformation, settings: P
 
   def loss_fn(params, mb):
     logits, values, mask = forward(params, mb)
-    return ppo_loss(logits, values, mb["actions"], mb["old_logp"], mb["advantages"], mb["returns"],
-                    mask, mb["weights"], clip_eps=settings.clip_eps, value_coef=settings.value_coef,
-                    entropy_coef=entropy_coef)
+    loss, metrics = ppo_loss(logits, values, mb["actions"], mb["old_logp"], mb["advantages"],
+                             mb["returns"], mask, mb["weights"], clip_eps=settings.clip_eps,
+                             value_coef=settings.value_coef, entropy_coef=entropy_coef)
+    if aux_loss is not None:
+      extra, extra_metrics = aux_loss(params)
+      loss = loss + extra
+      metrics = dict(metrics, **extra_metrics)
+    return loss, metrics
 
   def epoch(carry, key):
     perm = jax.random.permutation(key, n)[:mb_size * settings.num_minibatches]
@@ -334,7 +351,9 @@ def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransforma
   num_chunks: the chunk budget of the history inputs; None = N + 1 (each padded batch size N
   compiles once, so one function serves several padding buckets).
   hist: rows [H, F], segment [H] from HistoryMemory.update_inputs(..., num_chunks); in the
-  summary ablation also summary [A, D] (PolicyRunner.history_input_array of the iteration).
+  summary ablation also summary [A, D] (PolicyRunner.history_input_array of the iteration); with
+  a memory predictor also pred_stats [H, S], pred_target [H], pred_weight [H]
+  (history.predictor_pairs), whose regression loss joins every minibatch's (predictor_loss).
   mesh: a jax.sharding.Mesh (axis parallel.DATA) of several devices: the update places its
   inputs (host data identical on every process) -- history rows sharded, transitions sharded, the
   episodes and the rest replicated -- and returns replicated state; N / num_minibatches must then
@@ -359,9 +378,12 @@ def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransforma
     ent_coef = entropy_coefficient(state.update_step, settings.entropy_coef, decay_updates,
                                    settings.entropy_final_fraction)
     rng, key = jax.random.split(state.rng)
+    aux = None
+    if "pred_stats" in hist:   # the memory predictor's examples (history.predictor_pairs)
+      aux = lambda params: predictor_loss(model, params, hist)   # noqa: E731
     params, opt_state, metrics = learn(forward, optimizer, settings, state.params, state.opt_state,
                                        key, batch, entropy_coef=ent_coef,
-                                       constrain=constrain if sharded else None)
+                                       constrain=constrain if sharded else None, aux_loss=aux)
     metrics["param_norm"] = optax.global_norm(params)
     metrics["entropy_coef"] = ent_coef
     return TrainingState(params, opt_state, rng, state.update_step + 1), metrics

@@ -90,6 +90,15 @@ def make_model(config, spec: features_lib.FeatureSpec | None = None, *,
       raise errors.ConfigError("config.model.memory_bias reads row layout 2's per-hub statistics; "
                                f"config.model.row_layout is {layout}")
     kw["memory_bias"] = True
+  if m.memory_predictor:
+    if layout != 2 or history != "transductive":
+      raise errors.ConfigError("config.model.memory_predictor reads row layout 2's per-hub "
+                               "statistics and learns from the transductive history; "
+                               f"config.model.row_layout is {layout}, "
+                               f"config.model.history {history!r}")
+    kw["memory_predictor"] = True
+    kw["predictor_scale"] = float(m.memory_predictor_scale)
+    kw["predictor_alpha"] = float(config.alpha)
   return garnet_lib.GARNet(hidden=int(m.hidden), num_layers=int(m.num_layers),
                            mlp_hidden=int(m.mlp_hidden),
                            use_history=history in ("transductive", "summary"), **kw)
@@ -171,7 +180,8 @@ def loop_settings(config, max_calls: int) -> rl_loop.LoopSettings:
       seed=config.seed, checkpoint_every=t.checkpoint_every, entropy_stop=config.ppo.entropy_stop,
       max_calls=max_calls, history=config.model.history,
       history_capacity=int(config.model.history_capacity),
-      background_checkpoints=bool(t.background_checkpoints))
+      background_checkpoints=bool(t.background_checkpoints),
+      predictor=bool(config.model.memory_predictor))
 
 
 def check_workdir(config, workdir: pathlib.Path) -> None:

@@ -39,6 +39,8 @@ SWITCHED_OFF_WHEN = {
     "train.pool_perturb": lambda flat: not flat.get("train.pool_perturb.enabled", False),
     "model.row_layout": lambda flat: flat.get("model.row_layout", 1) == 1,
     "model.memory_bias": lambda flat: not flat.get("model.memory_bias", False),
+    "model.memory_predictor": lambda flat: not flat.get("model.memory_predictor", False),
+    "model.memory_predictor_scale": lambda flat: not flat.get("model.memory_predictor", False),
 }
 
 

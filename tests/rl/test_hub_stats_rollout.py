@@ -20,16 +20,19 @@ from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 
 
-@pytest.mark.parametrize("memory_bias", [False, True])
-def test_update_sees_the_statistics_each_decision_read(memory_bias):
+@pytest.mark.parametrize("term", [None, "memory_bias", "memory_predictor"])
+def test_update_sees_the_statistics_each_decision_read(term):
   cfg = test_config.get_config()
   cfg.model.row_layout = 2                  # opt-in; the default stays layout 1
+  memory_bias = term == "memory_bias"
   cfg.model.memory_bias = memory_bias
+  cfg.model.memory_predictor = term == "memory_predictor"
   assert training.row_layout(cfg) == 2
   sysm = system_lib.build(cfg)
   feat = sysm.featurizer
   model = training.make_model(cfg, feat.spec)
   assert model.memory_bias == memory_bias
+  assert model.memory_predictor == (term == "memory_predictor")
   params = loop_lib.init_state(model, feat, ppo_config.make_optimizer(cfg), 0).params
   if memory_bias:   # a bias that is not zero (it starts at zero), so the statistics weigh on it
     k = params["bias_out"]["kernel"]
@@ -55,13 +58,41 @@ def test_update_sees_the_statistics_each_decision_read(memory_bias):
   n = sum(len(e.actions) for e in eps)
   size = -(-n // 8) * 8
   batch, hist = batch_lib.build_batch(eps, history, batch_size=size, num_episodes=len(eps),
-                                      max_calls=ppo_config.max_calls(sysm), num_hubs=A)
+                                      max_calls=ppo_config.max_calls(sysm), num_hubs=A,
+                                      predictor=cfg.model.memory_predictor)
+  assert ("pred_stats" in hist) == (term == "memory_predictor")
   logits, _ = ppo.forward_batch(model, params, feat.hub_features, hist, batch.transitions,
                                 size + 1)
   logp = jax.nn.log_softmax(logits)
   tr = batch.transitions
   got = np.take_along_axis(np.asarray(logp), tr["actions"][:, None], 1)[:n, 0]
   np.testing.assert_allclose(got, tr["old_logp"][:n], atol=2e-4)
+  if term != "memory_predictor":
+    return
+  # the update also fits the predictor to the history's examples: its loss falls
+  optimizer = ppo_config.make_optimizer(cfg)
+  update, size = ppo_config.make_update(cfg, sysm, model, optimizer, len(eps))
+  batch, hist = batch_lib.build_batch(eps, history, batch_size=size, num_episodes=len(eps),
+                                      max_calls=ppo_config.max_calls(sysm), num_hubs=A,
+                                      predictor=cfg.model.memory_predictor)
+  state = ppo.TrainingState(params, optimizer.init(params), jax.random.PRNGKey(0),
+                            jnp.zeros((), jnp.int32))
+  losses = []
+  for _ in range(4):
+    state, m = update(state, jnp.asarray(feat.hub_features), hist, batch)
+    losses.append(float(m["predictor_loss"]))
+  assert losses[-1] < losses[0]
+
+
+def test_a_memory_predictor_needs_layout_2_and_the_transductive_history():
+  cfg = test_config.get_config()
+  cfg.model.memory_predictor = True
+  with pytest.raises(errors.ConfigError, match="memory_predictor reads row layout 2"):
+    training.make_model(cfg)
+  cfg.model.row_layout = 2
+  cfg.model.history = "summary"
+  with pytest.raises(errors.ConfigError, match="history 'summary'"):
+    training.make_model(cfg)
 
 
 def test_a_memory_bias_on_row_layout_1_is_a_config_error():

@@ -91,6 +91,7 @@ class GuardedUpdate:
                                                           episodes=settings.every)
     self.max_calls = ppo_config.max_calls(system)
     self.alpha = float(config.alpha)
+    self.predictor = bool(config.model.memory_predictor)
     self.canary_queries = list(system.test_queries[:settings.canary_size])
     self.system = system
     self._canary_envs = {None: system.env(self.alpha, reward="expected")}   # by pool events
@@ -103,7 +104,8 @@ class GuardedUpdate:
     episodes = [dataclasses.replace(e, snapshots=[n_rows] * len(e.actions)) for e in episodes]
     return batch_lib.build_batch(episodes, view, batch_size=self.batch_size,
                                  num_episodes=self.settings.every, max_calls=self.max_calls,
-                                 num_hubs=self.space.size)
+                                 num_hubs=self.space.size,
+                                 predictor=self.predictor)
 
   def warm_up(self, state: ppo.TrainingState, obs: dict, view) -> None:
     """Compiles the update, the KL's scoring and the canary's policy (on a batch of copies of

@@ -15,8 +15,10 @@ each injection the diagnostic reports
                  query (valid actions only);
   margin_change  the mean change of (mean logit of the LLM's valid hubs - mean logit of the other
                  valid hubs) at the first decisions: negative = the policy moves away from it;
-  bias_change    (model.memory_bias routers) the mean change of the memory bias b(s_a) over the
-                 LLM's hubs: the part of the logit change that the bias path makes;
+  bias_change    (model.memory_bias or model.memory_predictor routers) the mean change of the
+                 logit term read from each hub's statistics alone (GARNet.memory_term: the bias
+                 b(s_a), kappa x the predictor's P(s_a)) over the LLM's hubs: the part of the
+                 logit change that this path makes;
 and, without injection, the sensitivity of the logits to each hub's history input: the Frobenius
 norm of d logits / d (hub a's history mean) (and / d (hub a's statistics), row layout 2) at the
 first decision, averaged over the queries, per hub and summed per LLM.
@@ -141,8 +143,8 @@ def diagnose(system, env, model, params, history: history_lib.HistoryMemory, llm
 
   def bias(stats):
     return np.asarray(model.apply({"params": runner.params}, jnp.asarray(stats),
-                                  method=model.stats_bias))
-  base_bias = bias(base_stats) if model.memory_bias else None
+                                  method=model.memory_term))
+  base_bias = bias(base_stats) if model.has_memory_term else None
   rows = {}
   for kind in INJECTIONS:
     h = inject(history, hubs, kind)
@@ -164,7 +166,7 @@ def diagnose(system, env, model, params, history: history_lib.HistoryMemory, llm
                else math.nan)
     if base_stats is not None:
       rec["input_change_stats"] = float(np.linalg.norm((runner.stats_table() - base_stats)[hubs]))
-    if model.memory_bias:
+    if model.has_memory_term:
       rec["bias_change"] = float((bias(runner.stats_table()) - base_bias)[hubs].mean())
     rows[kind] = rec
   sens_out = {k: dict(per_hub=v.tolist(), llm=float(v[hubs].sum()),

@@ -169,7 +169,8 @@ def few_shot_update(config, system, model, params, history, n: int, seed: int, *
                                                batch_size=batch_size,
                                                num_episodes=len(chunks[r]),
                                                max_calls=ppo_config.max_calls(system),
-                                               num_hubs=system.space.size)
+                                               num_hubs=system.space.size,
+                                               predictor=bool(config.model.memory_predictor))
     for _ in range(updates):
       state, _ = update(state, jnp.asarray(system.featurizer.hub_features), hist_inputs, batch)
   return state.params

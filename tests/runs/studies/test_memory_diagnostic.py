@@ -89,12 +89,14 @@ def test_training_under_a_perturbed_pool_puts_failures_in_the_history(tmp_path):
   assert history.rows[:, -1].max() == 1.0 and history.rows[:, -1].min() == 0.0
 
 
-def test_a_memory_bias_router_trains_and_the_diagnostic_reports_its_bias_through_the_cli(
-    tmp_path):
-  """What a user runs: experiments.train with model.memory_bias (row layout 2, training under
-  changing pools), then experiments.memory_diagnostic on the workdir, both as subprocesses."""
+@pytest.mark.parametrize("term", ["memory_bias", "memory_predictor"])
+def test_a_memory_term_router_trains_and_the_diagnostic_reports_its_term_through_the_cli(
+    tmp_path, term):
+  """What a user runs: experiments.train with model.memory_bias or model.memory_predictor (row
+  layout 2, training under changing pools), then experiments.memory_diagnostic on the workdir,
+  both as subprocesses."""
   flags = ["--config=experiments/configs/test.py", f"--workdir={tmp_path}",
-           "--config.model.row_layout=2", "--config.model.memory_bias=True",
+           "--config.model.row_layout=2", f"--config.model.{term}=True",
            "--config.train.pool_perturb.enabled=True", "--config.train.episodes=32"]
   env = dict(os.environ, JAX_PLATFORMS="cpu")
   train = subprocess.run([sys.executable, "-m", "experiments.train", *flags, "--evaluate=False"],
@@ -109,5 +111,8 @@ def test_a_memory_bias_router_trains_and_the_diagnostic_reports_its_bias_through
   inj = d["injections"]
   assert d["row_layout"] == 2 and all("bias_change" in r for r in inj.values())
   assert inj["none"]["bias_change"] == 0
-  assert inj["failing"]["bias_change"] != 0     # trained: the bias reads the failure rows
+  assert inj["failing"]["bias_change"] != 0     # trained: the term reads the failure rows
+  if term == "memory_predictor":   # the predictor's regression ran in every update
+    metrics = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert all("predictor_loss" in m for m in metrics if "iteration" in m)
   assert "| bias change |" in run.stdout
