@@ -119,7 +119,15 @@ def roles(config) -> list[Variant]:
 STUDIES = {"phases": phases, "unseen": unseen, "ablations": ablations, "roles": roles}
 
 
-def variants(name: str, config) -> list[Variant]:
+def variants(name: str, config, only: str = "") -> list[Variant]:
+  """The variants of study `name`; only: comma-separated variant names to keep ("" = all), in
+  the study's order (an unknown name is a ConfigError listing the study's variants)."""
   if name not in STUDIES:
     raise errors.unknown_name("study", name, STUDIES)
-  return STUDIES[name](config)
+  out = STUDIES[name](config)
+  keep = [v.strip() for v in str(only).split(",") if v.strip()]
+  known = [v.name for v in out]
+  for k in keep:
+    if k not in known:
+      raise errors.unknown_name(f"{name} variant", k, known)
+  return [v for v in out if v.name in keep] if keep else out

@@ -58,6 +58,11 @@ def test_unknown_study_and_bad_variant():
     runner.StudyRunner(c, "/tmp/unused", "x", [runner.Variant("a", history="bad")])
   with pytest.raises(errors.ConfigError, match="unknown config field"):
     runner.StudyRunner(c, "/tmp/unused", "x", [runner.Variant("a", train={"model.nope": 1})])
+  kept = definitions.variants("ablations", c, "no_history, transductive")
+  assert [v.name for v in kept] == ["transductive", "no_history"]   # the study's order
+  assert len(definitions.variants("ablations", c, "")) == len(definitions.ablations(c))
+  with pytest.raises(errors.ConfigError, match="unknown ablations variant 'nope'.*no_history"):
+    definitions.variants("ablations", c, "transductive,nope")
 
 
 def test_every_study_definition_builds():
@@ -134,6 +139,11 @@ def test_report_runner_errors_exit_2(tmp_path):
                       "--config=experiments/configs/study.py:test", f"--workdir={tmp_path}/s"],
                      capture_output=True, text=True, timeout=120)
   assert p.returncode == 2 and "unknown study 'nope'" in p.stderr
+  p = subprocess.run([sys.executable, "-m", "experiments.study", "--study=ablations",
+                      "--variants=transductive,nope", "--config=experiments/configs/study.py:test",
+                      f"--workdir={tmp_path}/s"], capture_output=True, text=True, timeout=120)
+  assert p.returncode == 2 and "unknown ablations variant 'nope'" in p.stderr
+  assert not (tmp_path / "s").exists()     # refused before anything was written
 
 
 def test_few_shot_recipes():
