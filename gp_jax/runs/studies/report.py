@@ -88,6 +88,7 @@ def summarize_study(cells: list[dict]) -> tuple[list[dict], dict]:
       if (c.get("held_out_share") or {}).get("optimum") is not None:
         vals["optimum_held_out_share"].append(c["held_out_share"]["optimum"])
     variants.append(dict(name=name, seeds=[c["seed"] for c in cs],
+                         reward_by_seed={c["seed"]: r for c, r in zip(cs, vals["reward"])},
                          stats={k: stats.mean_std(v) for k, v in vals.items()},
                          train_overrides=cs[0].get("train_overrides", {}),
                          eval_overrides=cs[0].get("eval_overrides", {}),
@@ -175,6 +176,33 @@ def _few_shot(v: dict) -> str:
            f", {updates} update{'s' if updates > 1 else ''} per round"))
 
 
+def paired_differences(variants: list[dict]) -> list[dict]:
+  """Each variant's reward minus the first variant's, paired by seed (the same seed: the same
+  data and test queries): mean and 95% t half-width over the seeds both have."""
+  if len(variants) < 2:
+    return []
+  ref = variants[0]["reward_by_seed"]
+  out = []
+  for v in variants[1:]:
+    seeds = sorted(set(ref) & set(v["reward_by_seed"]))
+    mean, half, n = stats.ci95([v["reward_by_seed"][s] - ref[s] for s in seeds])
+    out.append(dict(name=v["name"], mean=mean, half_width=half, n=n))
+  return out
+
+
+def paired_markdown(variants: list[dict]) -> list[str]:
+  diffs = paired_differences(variants)
+  if not diffs:
+    return []
+  out = ["", f"Reward minus {variants[0]['name']}'s, paired by seed (mean and 95% t interval over "
+         "the seeds both have; n/a for one seed):", "",
+         "| variant | difference | seeds |", "|---|---|---|"]
+  for d in diffs:
+    half = "n/a" if math.isnan(d["half_width"]) else f"{d['half_width']:.3f}"
+    out.append(f"| {d['name']} | {d['mean']:+.3f} ± {half} | {d['n']} |")
+  return out
+
+
 def study_markdown(name: str, cells: list[dict], figure: str | None) -> str:
   variants, refs = summarize_study(cells)
   c0 = cells[0]
@@ -202,6 +230,7 @@ def study_markdown(name: str, cells: list[dict], figure: str | None) -> str:
                f"{_pm(s['ratio']) if 'ratio' in s else '-'} | "
                f"{_pm(s['best_single']) if 'best_single' in s else '-'} | {s['calls'][0]:.2f} | "
                f"{s['held_out_share'][0]:.3f}{opt_share} | {v['train_seconds']:.0f} | {what} |")
+  out += paired_markdown(variants)
   role_keys = sorted({k for v in variants for k in v["stats"] if k.startswith("role:")})
   if role_keys:
     out += ["", "Share of calls per role:", "",

@@ -211,3 +211,28 @@ def test_held_out_share_has_no_optimum_off_the_simulator():
   assert r._held_out_share(esys, [], runner.Variant("a"), 0, 0.5) is None
   with pytest.raises(errors.ConfigError, match="not in its evaluation pool"):
     r._held_out_share(esys, [], runner.Variant("u", held_out=("z",)), 0, 0.5)
+
+
+def test_study_report_pairs_each_variant_with_the_first_by_seed():
+  """The report's paired table: per seed, a variant's reward minus the first variant's; the mean
+  and 95% t interval over the seeds both have (n/a for one seed)."""
+  def cell(variant, seed, reward, index):
+    rows = [dict(policy=f"{runner.ROUTER}[{variant}]", domain="all", n=10, accuracy=0.5,
+                 cost=0.1, reward=reward, calls=1.0)]
+    return dict(study="toy", variant=variant, seed=seed, alpha=0.5, simulated=True, rows=rows,
+                index=index, n_test=10, train=dict(episodes=8, seconds=1.0), seconds=1.0)
+  ref = {0: 0.50, 1: 0.40, 2: 0.60}
+  other = {0: 0.52, 1: 0.45, 2: 0.61}   # differences 0.02, 0.05, 0.01
+  cells = ([cell("a", s, r, 0) for s, r in ref.items()] +
+           [cell("b", s, r, 1) for s, r in other.items()] + [cell("c", 0, 0.3, 2)])
+  variants, _ = report.summarize_study(cells)
+  diffs = {d["name"]: d for d in report.paired_differences(variants)}
+  d = np.array([0.02, 0.05, 0.01])
+  assert diffs["b"]["mean"] == pytest.approx(d.mean())
+  assert diffs["b"]["half_width"] == pytest.approx(4.302653 * d.std(ddof=1) / np.sqrt(3), rel=1e-5)
+  assert diffs["b"]["n"] == 3
+  assert diffs["c"]["mean"] == pytest.approx(-0.2) and diffs["c"]["n"] == 1
+  md = report.study_markdown("toy", cells, None)
+  assert "Reward minus a's, paired by seed" in md
+  assert f"| b | +{d.mean():.3f} ± {4.302653 * d.std(ddof=1) / np.sqrt(3):.3f} | 3 |" in md
+  assert "| c | -0.200 ± n/a | 1 |" in md
