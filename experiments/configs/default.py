@@ -99,9 +99,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.memory_predictor = False  # row layout 2, transductive history: a head trained by
                                    # regression to predict each hub's next-call reward from its
                                    # statistics; kappa x its prediction joins the hub's logit
-  c.model.memory_predictor_scale = 15.0  # kappa, logits per unit of predicted call reward (set
-                                   # before any run from the training memory's reward scale:
-                                   # docs/memory.md)
+  c.model.memory_predictor_scale = 5.0  # kappa, logits per unit of predicted call reward
+                                   # (chosen among 5, 15, 50 by training return under perturbed
+                                   # pools, reduced size: docs/memory.md)
 
   c.ppo = ml_collections.ConfigDict()
   c.ppo.learning_rate = 3e-4       # paper

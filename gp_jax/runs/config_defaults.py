@@ -32,7 +32,7 @@ FIELDS: dict[str, object] = {
     "model.attention_heads": 4,
     "model.memory_bias": False,
     "model.memory_predictor": False,
-    "model.memory_predictor_scale": 15.0,
+    "model.memory_predictor_scale": 5.0,
     "ppo.lr_schedule": "constant",
     "ppo.lr_final_fraction": 0.0,
     "ppo.entropy_schedule": "constant",

@@ -17,7 +17,7 @@ each injection the diagnostic reports
                  valid hubs) at the first decisions: negative = the policy moves away from it;
   bias_change    (model.memory_bias or model.memory_predictor routers) the mean change of the
                  logit term read from each hub's statistics alone (GARNet.memory_term: the bias
-                 b(s_a), kappa x the predictor's P(s_a)) over the LLM's hubs: the part of the
+                 b(s_a), kappa x the predicted call reward) over the LLM's hubs: the part of the
                  logit change that this path makes;
 and, without injection, the sensitivity of the logits to each hub's history input: the Frobenius
 norm of d logits / d (hub a's history mean) (and / d (hub a's statistics), row layout 2) at the
