@@ -42,15 +42,18 @@ role or description), with w2 and b2 initialised to 0 (so it starts as the model
 can only express what the statistics say of a hub, whichever hub it is, so weights cannot learn
 it as a function of hub identity: its one use is to follow the evidence in the memory.
 Memory predictor (memory_predictor=True, row layout 2 only; docs/memory.md): a small network
-    U(s_a) = w2 . ReLU(W1 s_a + b1) + b2,
+    U(s_a) = sigmoid(w2 . ReLU(W1 s'_a + b1) + b2),   s'_a = s_a with its failure rate set to 0,
 shared by every hub and reading only that hub's statistics, is trained by regression (not by
-PPO) to predict the utility the hub's next call brings from the statistics of its earlier calls
-(history.predictor_pairs: every history row is one example). With c(s_a) the hub's recency-
-weighted mean call cost (read from its statistics), the predicted reward of its next call enters
-the logit with a fixed weight kappa (predictor_scale):
-    logits_a = H_a . z + kappa * stop_gradient(U(s_a) - alpha * c(s_a)),
-so what the memory says of a hub moves its logit by an amount the policy gradient does not have
-to discover (alpha = predictor_alpha, the reward's).
+PPO) to predict the utility the hub's next call brings when it answers, from the statistics of
+its earlier calls (history.predictor_pairs: every answered history row is one example). With
+f(s_a) and c(s_a) the hub's recency-weighted failure rate and mean call cost (read from its
+statistics), the predicted reward of its next call enters the logit with a fixed weight kappa
+(predictor_scale):
+    r(s_a) = (1 - f) U - f U - alpha c,   logits_a = H_a . z + kappa * stop_gradient(r(s_a)):
+the call answers with probability 1 - f and brings U; it fails with probability f, and then the
+episode loses the answer the call should have given, charged U. So what the memory says of a hub
+moves its logit by an amount the policy gradient does not have to discover, and a higher failure
+rate can only lower it (U in (0, 1) does not read f). alpha = predictor_alpha, the reward's.
 The history graph always aggregates with the mean: its per-hub sums must stay prefix-summable so
 that the PPO update can rebuild every decision's exact snapshot; attention over history rows would
 need each snapshot's softmax normaliser, which prefix sums of rows cannot give.
@@ -359,14 +362,18 @@ class GARNet(nn.Module):
     return self.bias_out(nn.relu(self.bias_hidden(hub_stats)))[:, 0]
 
   def predict_utility(self, hub_stats):
-    """U(s) [...]: the predicted utility of a hub's next call from its statistics [..., S]."""
-    return self.pred_out(nn.relu(self.pred_hidden(hub_stats)))[..., 0]
+    """U(s) [...] in (0, 1): the predicted utility (credit) of a hub's next call if it answers,
+    from its statistics [..., S] without the failure rate."""
+    keep = jnp.arange(hub_stats.shape[-1]) != history_lib.STAT_NAMES.index("failure")
+    x = jnp.where(keep, hub_stats, 0.0)
+    return jax.nn.sigmoid(self.pred_out(nn.relu(self.pred_hidden(x)))[..., 0])
 
   def predict_reward(self, hub_stats):
-    """U(s) - alpha c(s) [...]: the predicted reward of a hub's next call, c(s) its recency-
-    weighted mean call cost (the statistics hold log(1 + c))."""
+    """(1 - 2 f(s)) U(s) - alpha c(s) [...]: the predicted reward of a hub's next call, f(s) and
+    c(s) its recency-weighted failure rate and mean call cost (the statistics hold log(1 + c))."""
     cost = jnp.expm1(hub_stats[..., history_lib.STAT_NAMES.index("cost")])
-    return self.predict_utility(hub_stats) - self.predictor_alpha * cost
+    fail = hub_stats[..., history_lib.STAT_NAMES.index("failure")]
+    return (1.0 - 2.0 * fail) * self.predict_utility(hub_stats) - self.predictor_alpha * cost
 
   def memory_term(self, hub_stats):
     """[A] what the logits get from each hub's statistics alone: the memory bias b(s_a) and

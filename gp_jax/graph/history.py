@@ -256,22 +256,21 @@ def stats_table(n: np.ndarray, sums: np.ndarray) -> np.ndarray:
 # Each history row is one example of "a hub's next call, given what the memory said of the hub
 # before it": input = the statistics of the same hub's earlier rows in the memory (stats_table of
 # the rows that arrived before it, as HubStats would give after adding exactly those rows);
-# target = the utility the call brought: its credit, and for a failed call - u_bar, u_bar the mean
-# credit of the memory's answered rows: a failed call's credit is 0, yet the episode loses the
-# answer it should have given, so it is charged the utility an answered call earns on average
-# (without the charge a failing LLM would look like a free one that answers nothing of worth). The
-# cost of the next call is not predicted: GARNet takes it from the hub's statistics (its
-# recency-weighted mean cost), with the reward's alpha. The memory is a window, so the first
-# rows of each hub in it are examples with little or no evidence, as a decision on a new or
+# target = the utility the call brought: its credit. Only answered calls are examples: the
+# predictor learns what a hub's call brings when it answers; how often it fails, and what a
+# failure costs, GARNet takes from the hub's statistics with a fixed sign (garnet.py,
+# predict_reward), as it takes the cost (a failure-rate response learned from the few failed rows
+# of a training memory took the wrong sign: docs/memory.md, Q). The memory is a window, so the
+# first rows of each hub in it are examples with little or no evidence, as a decision on a new or
 # long-unused hub has.
 
 def predictor_pairs(rows: np.ndarray, hubs: np.ndarray, num_hubs: int, size: int,
                     recency: float = RECENCY) -> dict:
   """The predictor's examples from rows [n, F] of hubs [n] (arrival order), padded to `size`.
 
-  Returns pred_stats [size, STAT_DIM], pred_target [size], pred_weight [size] (1 for a real row,
-  0 for padding and rows of padding hubs), row i's example at index i (aligned with
-  HistoryMemory.padded()).
+  Returns pred_stats [size, STAT_DIM], pred_target [size], pred_weight [size] (1 for an answered
+  row of a real hub, 0 for failed rows, padding and rows of padding hubs), row i's example at
+  index i (aligned with HistoryMemory.padded()).
   """
   rows, hubs = np.asarray(rows, np.float64), np.asarray(hubs, np.int64)
   n = len(hubs)
@@ -281,9 +280,6 @@ def predictor_pairs(rows: np.ndarray, hubs: np.ndarray, num_hubs: int, size: int
   target = np.zeros(size, np.float32)
   weight = np.zeros(size, np.float32)
   stats[:, STAT_NAMES.index("empty")] = 1.0
-  real = hubs < num_hubs
-  answered = real & (rows[:, -1] == 0)
-  u_bar = float(rows[answered, -3].mean()) if answered.any() else 0.0
   for a in range(int(num_hubs)):
     idx = np.flatnonzero(hubs == a)
     if not len(idx):
@@ -293,6 +289,6 @@ def predictor_pairs(rows: np.ndarray, hubs: np.ndarray, num_hubs: int, size: int
     inclusive = scipy_signal.lfilter([1.0], [1.0, -recency], x, axis=0)
     before = np.concatenate([np.zeros((1, 4)), inclusive[:-1]], 0)
     stats[idx] = stats_table(np.arange(len(idx)), before)
-    target[idx] = rows[idx, -3] - u_bar * rows[idx, -1]
-    weight[idx] = 1.0
+    target[idx] = rows[idx, -3]
+    weight[idx] = rows[idx, -1] == 0
   return dict(pred_stats=stats, pred_target=target, pred_weight=weight)

@@ -37,9 +37,7 @@ def test_each_rows_example_reads_the_statistics_of_its_hubs_earlier_rows():
   rows = _rows(rng, n)
   hubs = rng.integers(0, A + 1, n)   # some rows of the padding hub A: no example
   pairs = history_lib.predictor_pairs(rows, hubs, A, size=64)
-  answered = (hubs < A) & (rows[:, -1] == 0)
-  u_bar = rows[answered, -3].mean()
-  assert rows[(hubs < A) & (rows[:, -1] == 1)].size   # the charge is exercised
+  assert rows[(hubs < A) & (rows[:, -1] == 1)].size   # failed rows are exercised
   assert pairs["pred_stats"].shape == (64, history_lib.STAT_DIM)
   for i in range(n):
     if hubs[i] == A:
@@ -47,9 +45,8 @@ def test_each_rows_example_reads_the_statistics_of_its_hubs_earlier_rows():
       continue
     before = history_lib.HubStats.of(rows[:i], hubs[:i], A).table()[hubs[i]]
     np.testing.assert_allclose(pairs["pred_stats"][i], before, rtol=1e-5, atol=1e-6)
-    assert pairs["pred_weight"][i] == 1
-    charge = rows[i, -1] * u_bar      # a failed call forfeits the mean answered credit
-    assert pairs["pred_target"][i] == pytest.approx(rows[i, -3] - charge, abs=1e-6)
+    assert pairs["pred_weight"][i] == (rows[i, -1] == 0)    # failed rows are no examples
+    assert pairs["pred_target"][i] == pytest.approx(rows[i, -3], abs=1e-6)
   assert np.all(pairs["pred_weight"][n:] == 0)
   # a hub's first row has no evidence: the statistics of an empty hub
   first = [int(np.flatnonzero(hubs == a)[0]) for a in range(A) if np.any(hubs == a)]
@@ -80,10 +77,11 @@ def test_the_logits_get_kappa_times_the_prediction_and_no_policy_gradient_reache
                                       method=method))
   pred = apply(with_pred.predict_reward)
   assert pred.shape == (A,) and np.ptp(pred) > 0
-  # the predicted reward: predicted utility - alpha x the hub's recency-weighted mean cost
+  # the predicted reward: (1 - 2 x failure rate) x predicted utility - alpha x mean cost
   cost = np.expm1(obs["hub_stats"][:, history_lib.STAT_NAMES.index("cost")])
-  np.testing.assert_allclose(pred, apply(with_pred.predict_utility) - alpha * cost, rtol=1e-5,
-                             atol=1e-6)
+  fail = obs["hub_stats"][:, history_lib.STAT_NAMES.index("failure")]
+  np.testing.assert_allclose(pred, (1 - 2 * fail) * apply(with_pred.predict_utility) - alpha * cost,
+                             rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(np.asarray(logits(with_pred, params) - logits(without, shared)),
                              kappa * pred, rtol=1e-5, atol=1e-5)
   grads = jax.grad(lambda p: jax.nn.log_softmax(logits(with_pred, p))[2])(params)
@@ -92,16 +90,19 @@ def test_the_logits_get_kappa_times_the_prediction_and_no_policy_gradient_reache
   assert float(jnp.abs(grads["policy_mlp"]["Dense_0"]["kernel"]).max()) > 0
 
 
-def test_the_regression_teaches_the_predictor_that_a_failing_hub_pays_nothing():
-  """Hubs 0-2 answer (utility ~0.8), hub 3 fails on every call (utility 0): trained on the
-  history's examples, the predictor rates a hub with hub 3's record far below one with hub 0's."""
+def test_the_regression_learns_answered_utility_and_failures_can_only_lower_the_reward():
+  """Hubs 0-2 answer (utility ~0.8); hub 3 answers half its calls with utility ~0.2 and fails the
+  other half: trained on the history's answered rows, the predictor gives each its answered
+  utility, and hub 3's failure rate lowers its predicted reward further."""
   rng = np.random.default_rng(2)
   A, n = 4, 400
   hubs = rng.integers(0, A, n)
   rows = _rows(rng, n)
   bad = hubs == 3
-  rows[:, -3] = np.where(bad, 0.0, 0.8 + 0.1 * rng.normal(size=n))
-  rows[:, -1] = bad
+  failed = bad & (rng.uniform(size=n) < 0.5)
+  rows[:, -3] = np.where(bad, 0.2, 0.8) + 0.05 * rng.normal(size=n)
+  rows[failed, -3] = 0.0
+  rows[:, -1] = failed
   rows[:, -2] = 1.0
   model = garnet_lib.GARNet(hidden=16, num_layers=1, mlp_hidden=8, row_layout=2,
                             memory_predictor=True, predictor_scale=1.0, predictor_alpha=0.1)
@@ -124,11 +125,20 @@ def test_the_regression_teaches_the_predictor_that_a_failing_hub_pays_nothing():
     first = float(loss) if first is None else first
   assert float(loss) < 0.2 * first
   table = history_lib.HubStats.of(rows, hubs, A).table()
-  pred = np.asarray(model.apply({"params": params}, jnp.asarray(table),
-                                method=model.predict_reward))
-  u_bar = rows[~bad, -3].mean()    # the charge of a failed call: the mean answered credit
-  assert pred[3] == pytest.approx(-0.1 - u_bar, abs=0.1)   # 0 utility - 0.1 x cost 1 - charge
+  def apply(method, stats):
+    return np.asarray(model.apply({"params": params}, jnp.asarray(stats), method=method))
+  utility = apply(model.predict_utility, table)
+  np.testing.assert_allclose(utility, [0.8, 0.8, 0.8, 0.2], atol=0.1)   # answered calls only
+  f = table[3, history_lib.STAT_NAMES.index("failure")]
+  assert 0.2 < f < 0.8
+  pred = apply(model.predict_reward, table)
+  assert pred[3] == pytest.approx((1 - 2 * f) * utility[3] - 0.1, abs=1e-5)
   assert np.all(pred[:3] > pred[3] + 0.5)
+  # a higher failure rate, all else equal, lowers the predicted reward: U does not read it
+  worse = table.copy()
+  worse[:, history_lib.STAT_NAMES.index("failure")] = 1.0
+  np.testing.assert_array_equal(apply(model.predict_utility, worse), utility)
+  assert np.all(apply(model.predict_reward, worse) < pred)
 
 
 def test_the_memory_predictor_needs_row_layout_2():
