@@ -16,6 +16,7 @@ from gp_jax import errors
 from gp_jax.runs.studies import definitions
 from gp_jax.runs.studies import drift
 from gp_jax.runs.studies import drift_report
+from gp_jax.runs.studies import report as studies_report
 from gp_jax.runs.studies import runner
 
 _CONFIG = common.define_config("experiments/configs/study.py", "Study config.", complete=True)
@@ -47,7 +48,8 @@ def main(argv):
   res = runner.StudyRunner(c, workdir, _STUDY.value, variants, router_kwargs=kwargs).run(
       config_lists.numbers(s.seeds, "study.seeds", int))
   print(f"ran {len(res['ran'])} cells, skipped {len(res['skipped'])} finished ones, in "
-        f"{res['seconds']:.0f}s; report: python -m experiments.report")
+        f"{res['seconds']:.0f}s; report: "
+        f"{studies_report.write_study_report(workdir, _STUDY.value)}")
 
 
 if __name__ == "__main__":

@@ -33,9 +33,17 @@ def load_cells(workdir: str | pathlib.Path) -> list[dict]:
   for path in sorted(workdir.glob(f"*/{sweep_lib.CELL_FILE}")):
     try:
       rec = json.loads(path.read_text())
-      rec["rows"], rec["alpha"], rec["seed"]
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
+    except json.JSONDecodeError as e:
       raise errors.DataError(f"{path}: not a sweep cell record ({e})") from None
+    if isinstance(rec, dict) and rec.get("study"):
+      raise errors.DataError(
+          f"{workdir} holds cells of the {rec['study']!r} study, not of an alpha sweep: its "
+          f"report is {workdir}/report.md (written by experiments.study), or pass the folder "
+          "above studies/ as --root")
+    missing = [k for k in ("rows", "alpha", "seed")
+               if not isinstance(rec, dict) or k not in rec]
+    if missing:
+      raise errors.DataError(f"{path}: not a sweep cell record (no {', '.join(missing)})")
     cells.append(rec)
   if not cells:
     raise errors.DataError(f"{workdir}: no finished sweep cells ({sweep_lib.CELL_FILE}); run "

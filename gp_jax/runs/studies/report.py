@@ -247,6 +247,20 @@ def study_markdown(name: str, cells: list[dict], figure: str | None) -> str:
   return "\n".join(out) + "\n"
 
 
+def write_study_report(workdir: str | pathlib.Path, name: str) -> pathlib.Path:
+  """<workdir>/report.md and report.png: study `name`'s section alone, from its finished cells
+  (what experiments.study writes after its cells; --root reports every experiment together)."""
+  workdir = pathlib.Path(workdir)
+  cells = load_study(workdir)
+  if not cells:
+    raise errors.DataError(f"{workdir}: no finished study cells ({runner_lib.CELL_FILE})")
+  out = workdir / "report.md"
+  png = out.with_suffix(".png")
+  plot_study(name, *summarize_study(cells), png)
+  return files.write_atomic(out, study_markdown(name, cells, png.name) + "\n", "the study report",
+                            parents=True)
+
+
 def write_full_report(root: str | pathlib.Path, out: str | pathlib.Path) -> pathlib.Path:
   """Writes the combined report `out` (markdown) and its PNG figures next to it."""
   root, out = pathlib.Path(root), pathlib.Path(out)

@@ -129,6 +129,15 @@ def test_tiny_study_end_to_end_resumes_and_reports(tmp_path, capsys):
   text = out.read_text()
   assert "| base |" in text and "| more_llms |" in text
   assert (tmp_path / "report_toy.png").stat().st_size > 1000
+  # the study's own report (experiments.study writes it after its cells) ...
+  own = report.write_study_report(work, "toy")
+  assert own == work / "report.md" and "| more_llms |" in own.read_text()
+  assert (work / "report.png").stat().st_size > 1000
+  # ... and a study folder given to the sweep report is refused with the way to its report
+  p = subprocess.run([sys.executable, "-m", "experiments.report", f"--workdir={work}"],
+                     capture_output=True, text=True, timeout=120)
+  assert p.returncode == 2 and "cells of the 'toy' study, not of an alpha sweep" in p.stderr
+  assert "Traceback" not in p.stderr
 
 
 def test_report_runner_errors_exit_2(tmp_path):
