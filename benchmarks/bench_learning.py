@@ -173,8 +173,7 @@ def main():
         with urllib.request.urlopen(ask, timeout=30) as r:
           router = json.load(r).get("router") or {}
         counters[mode] = dict(router.get("counters", {}),
-                              flagged_keys=router.get("flagged_keys", 0),
-                              learner_pauses=router.get("learner_pauses", 0))
+                              flagged_keys=router.get("flagged_keys", 0))
     finally:
       srv.stop()
   print(f"workdir {workdir}; {args.requests} requests, {args.clients} at a time, "

@@ -111,8 +111,6 @@ _LEARN_KEY_Z = flags.DEFINE_float("learn_key_check_z", 3.09, "Consistency guard:
                                    "updates; 0 = off.")
 _LEARN_KEY_MIN = flags.DEFINE_integer("learn_key_check_min", 32, "Feedbacks a key needs before "
                                       "the consistency guard may leave it out.")
-_LEARN_YIELD = flags.DEFINE_bool("learn_yield", True, "Stop the learner process while the "
-                                 "server computes decisions (at most 1 s in one go).")
 _LEARN_SEED = flags.DEFINE_integer("learn_seed", 0, "Seed of the learner and the exploring "
                                    "decisions.")
 _SIM_EVENT = flags.DEFINE_string("sim_event", "", f"{' | '.join(pool_events.KINDS)}: serve "
@@ -174,8 +172,7 @@ def main(argv):
                                  kl_backtrack=_LEARN_BACKTRACK.value,
                                  max_key_share=_LEARN_SHARE.value,
                                  key_check_z=_LEARN_KEY_Z.value,
-                                 key_check_min=_LEARN_KEY_MIN.value,
-                                 yield_to_decisions=_LEARN_YIELD.value, seed=_LEARN_SEED.value)
+                                 key_check_min=_LEARN_KEY_MIN.value, seed=_LEARN_SEED.value)
     versions_dir = state_dir / versions.FOLDER
     # The settings a learning server ran with, in its served-state folder.
     files.write_json(state_dir / "learn.json", learn.to_dict(), "the learning settings")

@@ -19,21 +19,10 @@ child's traceback). The child exits when its stdin closes: when the server close
 the server dies (kill -9 included), so no learner outlives its server. A child that died is
 started again (and initialised) by the next call; the call that found it dead raises.
 
-Yielding to decisions (LearnSettings.yield_to_decisions): niceness 19 gives the learner the
-cores last, but on a machine with few cores its update can still run beside a decision and take
-the cores' caches and the scheduler's turns from it. The server's compute thread is then a
-GatedExecutor: while it has a decision (or a text encoding) queued or running, the learner
-process is stopped (SIGSTOP), and it goes on (SIGCONT) as soon as the compute thread has nothing
-left, or when it has been stopped for PAUSE_LIMIT_S in one go (a saturated server still learns). A
-stopped child cannot notice that its server died, so the child asks the kernel to kill it when
-the server's thread that started it ends (Linux's PR_SET_PDEATHSIG; the server starts it from
-the learner's own thread, which lives as long as the learner).
-
   python -m gp_jax.runs.serving.learner_process   (started by LearnerProcess, never by hand)
 """
 from __future__ import annotations
 
-import concurrent.futures
 import contextlib
 import os
 
@@ -55,23 +44,6 @@ from gp_jax import errors
 from gp_jax import paths
 
 _HEADER = struct.Struct("<Q")
-PAUSE_LIMIT_S = 1.0   # the longest the learner process is kept stopped in one go
-_PR_SET_PDEATHSIG = 1
-PARENT_ENV = "GP_LEARNER_PARENT"   # the server's pid, as the child checks it after the prctl
-
-
-def die_with_parent() -> None:
-  """In a child: SIGKILL when the thread that started it ends (even while stopped); exits at once
-  when that parent is already gone. Linux only (elsewhere: nothing)."""
-  if not sys.platform.startswith("linux"):
-    return
-  import ctypes
-  libc = ctypes.CDLL(None, use_errno=True)
-  if libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0) != 0:
-    return
-  parent = os.environ.get(PARENT_ENV)
-  if parent is not None and os.getppid() != int(parent):   # it died before the prctl
-    os._exit(0)
 
 
 class LearnerProcessError(errors.GpJaxError, RuntimeError):
@@ -126,37 +98,13 @@ class LearnerProcess:
     self._init = dict(config=config, workdir=str(workdir), settings=settings)
     self._proc: subprocess.Popen | None = None
     self._lock = threading.Lock()
-    self._signal_lock = threading.Lock()   # pause/resume (compute thread) against start/close
-    self._paused_at: float | None = None
-    self.pauses = 0
 
   @property
   def pid(self) -> int | None:
     return self._proc.pid if self._proc is not None else None
 
-  def pause(self) -> None:
-    """Stops the learner process (SIGSTOP) until resume(); nothing when it is not running."""
-    with self._signal_lock:
-      if self._proc is None or self._paused_at is not None:
-        return
-      with contextlib.suppress(OSError):   # exited: its pipe tells the next call
-        os.kill(self._proc.pid, signal.SIGSTOP)
-        self._paused_at = time.monotonic()
-        self.pauses += 1
-
-  def resume(self, *, if_longer_than: float = 0.0) -> None:
-    """Lets a stopped learner process go on (SIGCONT); with if_longer_than, only when it has been
-    stopped at least that many seconds."""
-    with self._signal_lock:
-      if self._paused_at is None or time.monotonic() - self._paused_at < if_longer_than:
-        return
-      self._paused_at = None
-      if self._proc is not None:
-        with contextlib.suppress(OSError):
-          os.kill(self._proc.pid, signal.SIGCONT)
-
   def _start(self) -> None:
-    env = dict(paths.child_env(), **{PARENT_ENV: str(os.getpid())})
+    env = paths.child_env()
     self._proc = subprocess.Popen(
         [sys.executable, "-m", "gp_jax.runs.serving.learner_process"], stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, env=env, cwd=str(paths.REPO_ROOT))
@@ -190,8 +138,7 @@ class LearnerProcess:
 
   def close(self, timeout_s: float = 30.0) -> None:
     """Closes the child's stdin (it exits after the call in progress) and waits for it."""
-    self.resume()
-    with self._lock, self._signal_lock:
+    with self._lock:
       proc, self._proc = self._proc, None
     if proc is None:
       return
@@ -203,45 +150,6 @@ class LearnerProcess:
       proc.kill()
       proc.wait()
     proc.stdout.close()
-
-
-class GatedExecutor(concurrent.futures.ThreadPoolExecutor):
-  """The server's compute thread (one worker) that keeps `gate` (a LearnerProcess, set once the
-  learner exists) stopped while it has work queued or running (module docstring)."""
-
-  def __init__(self, thread_name_prefix: str = ""):
-    super().__init__(1, thread_name_prefix=thread_name_prefix)
-    self.gate: LearnerProcess | None = None
-    self._count_lock = threading.Lock()
-    self._queued = 0
-
-  def submit(self, fn, /, *args, **kwargs):
-    gate = self.gate
-    if gate is None:
-      return super().submit(fn, *args, **kwargs)
-    with self._count_lock:
-      self._queued += 1
-      if self._queued == 1:
-        gate.pause()
-
-    def run():
-      try:
-        return fn(*args, **kwargs)
-      finally:
-        with self._count_lock:
-          self._queued -= 1
-          if self._queued == 0:
-            gate.resume()
-          else:   # a saturated server: the learner still gets a turn
-            gate.resume(if_longer_than=PAUSE_LIMIT_S)
-    try:
-      return super().submit(run)
-    except BaseException:   # shut down: nothing will run it
-      with self._count_lock:
-        self._queued -= 1
-        if self._queued == 0:
-          gate.resume()
-      raise
 
 
 # ---- the child -------------------------------------------------------------------------------------
@@ -262,7 +170,6 @@ def main() -> int:
   # server's to handle: it lets the update in progress finish, then closes the pipe.
   signal.signal(signal.SIGINT, signal.SIG_IGN)
   signal.signal(signal.SIGTERM, signal.SIG_IGN)
-  die_with_parent()
   replies = os.fdopen(os.dup(sys.stdout.fileno()), "wb")   # the protocol's own stream
   os.dup2(sys.stderr.fileno(), sys.stdout.fileno())         # prints go to the server's log
   requests = sys.stdin.buffer

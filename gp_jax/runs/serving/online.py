@@ -89,8 +89,6 @@ class LearnSettings:
     key_check_min: feedbacks a key needs before the consistency guard may flag it.
     max_pending: episodes with feedback waiting for an update (oldest dropped beyond it).
     keep_trajectories: served requests whose trajectories wait for feedback (oldest dropped).
-    yield_to_decisions: the learner process is stopped while the server's compute thread has
-      decisions to compute (learner_process.GatedExecutor).
     seed: the learner's PRNG seed (minibatch order; exploration draws).
   """
   every: int = 32
@@ -104,7 +102,6 @@ class LearnSettings:
   key_check_min: int = 32
   max_pending: int = 4096
   keep_trajectories: int = 1024
-  yield_to_decisions: bool = True
   seed: int = 0
 
   def __post_init__(self):
@@ -297,7 +294,6 @@ class OnlineLearner:
     return dict(version=self.version, learning=True, updating=self.updating,
                 pending=len(self.pending), versions=len(self.versions.versions()),
                 flagged_keys=len(self.consistency.flagged_keys()),   # names: the log, admin
-                learner_pauses=self.process.pauses,   # stopped for decisions (yield_to_decisions)
                 counters=dict(self.counters), settings=self.settings.to_dict())
 
   async def aclose(self) -> None:
@@ -309,15 +305,14 @@ class OnlineLearner:
         await self._task
       except Exception:
         pass
-    self.process.close()   # before its thread ends (the child dies with that thread)
     self._thread.shutdown(wait=True)
+    self.process.close()
 
   # ---- in the learner thread (the compute in the learner process) ----------------------------------
   def warm_up(self, obs: dict, view) -> None:
     """Starts the learner process and compiles its update, KL scoring and canary policy before
-    serving, so the first update takes as long as the others. The process starts from the
-    learner's thread, whose end it does not outlive (learner_process.die_with_parent)."""
-    self._thread.submit(self.process.call, "warm_up", self.state, obs, view).result()
+    serving, so the first update takes as long as the others."""
+    self.process.call("warm_up", self.state, obs, view)
 
   def _update(self, chosen: list[Pending], view) -> dict:
     """One guarded update of the serving weights from `chosen` episodes (in the learner

@@ -66,7 +66,6 @@ from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
 from gp_jax.runs.serving import conversation as conversation_lib
-from gp_jax.runs.serving import learner_process
 from gp_jax.runs.serving import memory as memory_lib
 from gp_jax.runs.serving import online
 from gp_jax.runs.serving import store
@@ -314,8 +313,7 @@ class RouterSession:
     buckets = tuple(b for b in BATCH_BUCKETS if b < max_concurrency) + (max_concurrency,)
     # One worker thread for the router's compute (policy calls, text encoding): off the event
     # loop, one at a time (JAX uses its own threads within a call).
-    # A learning server's learner process is stopped while it has work (learner_process.py).
-    self._compute = learner_process.GatedExecutor(thread_name_prefix="router-compute")
+    self._compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="router-compute")
     self._index = self._new_index()
     self.batcher = decisions.DecisionBatcher(
         self.runner, buckets, greedy=True, executor=self._compute,
@@ -358,8 +356,6 @@ class RouterSession:
     parallel.to_device(self.learner.params)   # compiles a swap's transfer before serving
     obs, _ = self._warm_up_observation()
     self.learner.warm_up(obs, self.history.view() if self.reads_memory else None)
-    if learn.yield_to_decisions:
-      self._compute.gate = self.learner.process
 
   def _swap(self, params, version: str) -> None:
     """New weights for the decisions (on the event loop, between batched policy calls: each
