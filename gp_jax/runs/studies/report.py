@@ -247,6 +247,12 @@ def study_markdown(name: str, cells: list[dict], figure: str | None) -> str:
   return "\n".join(out) + "\n"
 
 
+def _study_section(name: str, cells: list[dict], png: pathlib.Path) -> str:
+  """Study `name`'s markdown section, its figure written to `png` (referred to by file name)."""
+  plot_study(name, *summarize_study(cells), png)
+  return study_markdown(name, cells, png.name)
+
+
 def write_study_report(workdir: str | pathlib.Path, name: str) -> pathlib.Path:
   """<workdir>/report.md and report.png: study `name`'s section alone, from its finished cells
   (what experiments.study writes after its cells; --root reports every experiment together)."""
@@ -255,10 +261,8 @@ def write_study_report(workdir: str | pathlib.Path, name: str) -> pathlib.Path:
   if not cells:
     raise errors.DataError(f"{workdir}: no finished study cells ({runner_lib.CELL_FILE})")
   out = workdir / "report.md"
-  png = out.with_suffix(".png")
-  plot_study(name, *summarize_study(cells), png)
-  return files.write_atomic(out, study_markdown(name, cells, png.name) + "\n", "the study report",
-                            parents=True)
+  return files.write_atomic(out, _study_section(name, cells, out.with_suffix(".png")) + "\n",
+                            "the study report", parents=True)
 
 
 def write_full_report(root: str | pathlib.Path, out: str | pathlib.Path) -> pathlib.Path:
@@ -303,9 +307,7 @@ def write_full_report(root: str | pathlib.Path, out: str | pathlib.Path) -> path
     cells = load_study(d)
     if not cells:
       continue
-    png = out.with_name(f"{stem}_{name}.png")
-    plot_study(name, *summarize_study(cells), png)
-    parts += ["", study_markdown(name, cells, png.name)]
+    parts += ["", _study_section(name, cells, out.with_name(f"{stem}_{name}.png"))]
     found = True
   counselor = root / "counselor_routed" / "results.md"
   if counselor.exists():
