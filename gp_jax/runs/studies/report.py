@@ -9,6 +9,7 @@ Layout read (each part optional, at least one needed):
 Per study: a table of every variant (mean ± std over seeds of expected accuracy, cost, reward and
 reward / optimum of its evaluation system), the reference policies of each evaluation system, the
 share of calls per role and of calls to held-out LLMs, and a bar chart of reward / optimum.
+After the studies: the paper's effects beside the studies' readings of them (paper_table.py).
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from gp_jax import stats
 from gp_jax.runs import sweep_report
 from gp_jax.runs.studies import drift
 from gp_jax.runs.studies import drift_report
+from gp_jax.runs.studies import paper_table
 from gp_jax.runs.studies import runner as runner_lib
 
 OPTIMUM = "optimum (DP)"
@@ -288,6 +290,7 @@ def write_full_report(root: str | pathlib.Path, out: str | pathlib.Path) -> path
     parts += ["", _demote(md)]
     found = True
   studies = root / "studies"
+  study_cells = {}
   for name in list(TITLES) + sorted(p.name for p in studies.glob("*") if p.name not in TITLES):
     d = studies / name
     if not d.is_dir():
@@ -308,7 +311,10 @@ def write_full_report(root: str | pathlib.Path, out: str | pathlib.Path) -> path
     if not cells:
       continue
     parts += ["", _study_section(name, cells, out.with_name(f"{stem}_{name}.png"))]
+    study_cells[name] = cells
     found = True
+  if set(study_cells) & {e.study for e in paper_table.EFFECTS}:
+    parts += ["", paper_table.markdown(study_cells, paper_table.load_targets())]
   counselor = root / "counselor_routed" / "results.md"
   if counselor.exists():
     text = counselor.read_text()
