@@ -103,3 +103,26 @@ def test_experiments_sh_runs_every_study_then_the_report():
   assert '--workdir="$root/studies/drift" --config.study.seeds="$drift_seeds"' in first
   assert re.search(r'default\).*drift_seeds="0,1,2"', script)
   assert '--workdir="$root/studies/drift_retrieval" --config.model.history=retrieval' in second
+
+
+def test_experiments_sh_v2_runs_every_sweep_and_study_on_the_v2_world():
+  """`experiments.sh v2`: the CPU size on the v2 world into its own root and report, the world's
+  flags before the user's on every sweep and study run, no routed Graph Counselor; an unknown
+  size is one error line, exit 2, before anything runs."""
+  script = (REPO / "scripts" / "experiments.sh").read_text()
+  case = re.search(r'^  v2\) +suffix="";.*?;;$', script, re.M | re.S)
+  assert case and 'root="workdirs/experiments_v2"' in case.group(0)
+  assert 'out="docs/report_v2.md"' in case.group(0)
+  assert ("world=(--config.sim.world=v2 --config.sim.world_file=data/world_v2.json)"
+          in case.group(0))
+  prepend = script.index('set -- ${world[@]+"${world[@]}"} "$@"')
+  runs = [m.start() for m in re.finditer(r"python -m experiments\.(sweep|study) ", script)]
+  assert len(runs) == 4 and prepend < min(runs)
+  counselor = script.index("python -m experiments.counselor_routed")
+  assert script.rfind('if [ "$size" != v2 ]; then', 0, counselor) > max(runs)
+  assert (REPO / "data" / "world_v2.json").exists()
+  p = subprocess.run(["bash", str(REPO / "scripts" / "experiments.sh"), "v3"],
+                     capture_output=True, text=True, timeout=600)
+  assert p.returncode == 2
+  assert p.stderr.strip().splitlines()[-1] == ("error: unknown size 'v3' "
+                                               "(use default, test or v2)")
