@@ -214,14 +214,41 @@ def markdown(cells_by_study: dict[str, list[dict]], targets: dict[str, dict]) ->
          "read from (study: variants) |", "|---|---|---|---|---|---|---|"]
   for r in readings(cells_by_study, targets):
     e = r["effect"]
-    if not r["n"]:
-      run = "not run"
-    else:
-      half = "n/a" if math.isnan(r["half_width"]) else f"{r['half_width']:.1f}"
-      fmt = "+.1f" if e.difference else ".2f" if "calls" in e.name else ".1f"
-      run = f"{r['mean']:{fmt}} ± {half}"
+    run = _cell_text(dict(r, agrees=None))
     agrees = "-" if r["agrees"] is None else ("yes" if r["agrees"] else "no")
     ratio = "-" if r["ratio"] is None else f"{r['ratio']:.2f}"
     out.append(f"| {e.name} | {r['paper_text']} | {run} | {r['n']} | {agrees} | {ratio} | "
                f"{e.study}: {e.read_from} |")
+  return "\n".join(out) + "\n"
+
+
+def _cell_text(r: dict) -> str:
+  if not r["n"]:
+    return "not run"
+  e = r["effect"]
+  half = "n/a" if math.isnan(r["half_width"]) else f"{r['half_width']:.1f}"
+  fmt = "+.1f" if e.difference else ".2f" if "calls" in e.name else ".1f"
+  sign = "" if r["agrees"] is None else (" (sign as paper)" if r["agrees"] else " (sign opposite)")
+  return f"{r['mean']:{fmt}} ± {half}{sign}"
+
+
+def compare_markdown(runs: dict[str, dict[str, list[dict]]], targets: dict[str, dict]) -> str:
+  """One table of the effects read from several runs (label -> that run's cells by study), e.g.
+  the same studies on two worlds, beside the paper's numbers."""
+  if not runs:
+    raise errors.ConfigError("compare: no runs given")
+  cols = {label: readings(cells, targets) for label, cells in runs.items()}
+  first = next(iter(cols.values()))
+  seeds = {label: sorted({int(c["seed"]) for cs in cells.values() for c in cs})
+           for label, cells in runs.items()}
+  out = ["| effect | paper | " + " | ".join(cols) + " | read from (study: variants) |",
+         "|---|---|" + "---|" * len(cols) + "---|"]
+  for i, r in enumerate(first):
+    e = r["effect"]
+    out.append(f"| {e.name} | {r['paper_text']} | " +
+               " | ".join(_cell_text(col[i]) for col in cols.values()) +
+               f" | {e.study}: {e.read_from} |")
+  out += ["", "Seeds per run: " + "; ".join(f"{k} {v}" for k, v in seeds.items()) + ". Points "
+          "of expected accuracy unless the row says otherwise; mean ± 95% t half-width over the "
+          "seeds, differences paired by seed (n/a for one seed)."]
   return "\n".join(out) + "\n"

@@ -4,6 +4,7 @@ import json
 import numpy as np
 import pytest
 
+from experiments import report as report_cli
 from gp_jax import errors
 from gp_jax.runs.studies import paper_table
 from gp_jax.runs.studies import report
@@ -106,3 +107,45 @@ def test_full_report_adds_the_section_only_with_the_papers_studies(tmp_path):
   d.mkdir(parents=True)
   (d / runner.CELL_FILE).write_text(json.dumps(_cell("toy", "a", 0, 0.5)))
   assert "Against the paper" not in report.write_full_report(other, other / "r.md").read_text()
+
+
+def _write_cells(root, study, cells):
+  for c in cells:
+    d = root / "studies" / study / f"{c['variant']}_seed{c['seed']}"
+    d.mkdir(parents=True)
+    (d / runner.CELL_FILE).write_text(json.dumps(c))
+
+
+def test_compare_reads_each_run_side_by_side_through_the_cli(tmp_path):
+  """experiments.report --compare=label=root,...: one column per run; a bad spec, a root with no
+  study cells and a missing --out are one error line each, exit 2, nothing written."""
+  import subprocess
+  import sys
+  for label, gap in (("v1", 0.03), ("v2", -0.02)):
+    _write_cells(tmp_path / label, "phases",
+                 [_cell("phases", "phase2", s, 0.6 + 0.01 * s) for s in (0, 1)] +
+                 [_cell("phases", "phase1_d1w3", s, 0.6 + 0.01 * s - gap) for s in (0, 1)])
+  _write_cells(tmp_path / "v2", "ablations", [_cell("ablations", "transductive", 0, 0.6),
+                                              _cell("ablations", "no_history", 0, 0.5)])
+  out = tmp_path / "cmp.md"
+  run = lambda *a: subprocess.run([sys.executable, "-m", "experiments.report", *a],
+                                  capture_output=True, text=True, timeout=120)
+  p = run(f"--compare=v1={tmp_path / 'v1'},v2={tmp_path / 'v2'}", f"--out={out}")
+  assert p.returncode == 0, p.stderr
+  text = out.read_text()
+  assert "| effect | paper | v1 | v2 | read from (study: variants) |" in text
+  assert ("| Phase 2 - Phase 1 depth 1 width 3 | +5.0 | +3.0 ± 0.0 (sign as paper) | "
+          "-2.0 ± 0.0 (sign opposite) |") in text
+  assert "| GraphPlanner - no history memory | > 0 (higher in 5 of 5 domains) | not run | " \
+         "+10.0 ± n/a (sign as paper) |" in text
+  assert "Seeds per run: v1 [0, 1]; v2 [0, 1]." in text
+  for args, msg in (([f"--compare=v1{tmp_path}", f"--out={tmp_path / 'a.md'}"],
+                     "is not label=root"),
+                    ([f"--compare=a={tmp_path / 'v1'}"], "--compare needs --out")):
+    p = run(*args)
+    assert p.returncode == 2 and msg in p.stderr and "Traceback" not in p.stderr, p.stderr
+  with pytest.raises(errors.ConfigError, match="label 'a' given twice"):
+    report_cli._compare_roots(f"a={tmp_path / 'v1'},a={tmp_path / 'v2'}")
+  with pytest.raises(errors.DataError, match="no finished cells of the studies"):
+    report.write_comparison({"a": tmp_path / "none"}, tmp_path / "a.md")
+  assert not (tmp_path / "a.md").exists()
