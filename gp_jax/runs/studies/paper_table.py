@@ -191,7 +191,7 @@ def readings(cells_by_study: dict[str, list[dict]], targets: dict[str, dict]) ->
     mean, half, n = (stats.ci95(list(per_seed.values())) if per_seed
                      else (math.nan, math.nan, 0))
     agrees = None
-    if e.difference and n and paper_value != 0:
+    if e.difference and n and paper_value != 0 and mean != 0:   # a zero has no sign
       agrees = bool(np.sign(mean) == np.sign(paper_value))
     # a ratio only where the paper gives a size, not only a sign
     ratio = (mean / paper_value if e.difference and n and paper_text[0] in "+-"

@@ -85,6 +85,9 @@ def test_readings_pair_by_seed_and_judge_the_sign():
   h = r["graph memory - best history as text"]      # minus the better of the two: retrieval
   assert h["mean"] == pytest.approx(-2.0) and h["agrees"] is False and h["ratio"] is None
   assert r["Phase 2 - Phase 1 depth 2 width 2"]["n"] == 0        # variant absent: not run
+  same = dict(cells, roles=[_cell("roles", v, 0, 0.6) for v in ("pes_trained", "pestv_zero_shot")])
+  z = _by_name(paper_table.readings(same, t))["new roles zero-shot - Planner/Executor/Summarizer"]
+  assert z["mean"] == 0 and z["n"] == 1 and z["agrees"] is None      # a zero has no sign
   md = paper_table.markdown(cells, t)
   assert "| Phase 2 - Phase 1 depth 1 width 3 | +5.0 | +3.5 ± " in md
   assert ("| GraphPlanner - best baseline (here: best single-round router) | +9.3 | "
