@@ -248,6 +248,12 @@ def compare_markdown(runs: dict[str, dict[str, list[dict]]], targets: dict[str, 
     out.append(f"| {e.name} | {r['paper_text']} | " +
                " | ".join(_cell_text(col[i]) for col in cols.values()) +
                f" | {e.study}: {e.read_from} |")
+  def setting(cells):
+    cs = [c for v in cells.values() for c in v]
+    alphas = "/".join(f"{a:g}" for a in sorted({float(c["alpha"]) for c in cs}))
+    episodes = "/".join(str(e) for e in sorted({c["train"]["episodes"] for c in cs}))
+    return f"alpha {alphas}, {episodes} training episodes per router"
+  out += ["", "Setting per run: " + "; ".join(f"{k} {setting(v)}" for k, v in runs.items()) + "."]
   out += ["", "Seeds per run: " + "; ".join(f"{k} {v}" for k, v in seeds.items()) + ". Points "
           "of expected accuracy unless the row says otherwise; mean ± 95% t half-width over the "
           "seeds, differences paired by seed (n/a for one seed)."]

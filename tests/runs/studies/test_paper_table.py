@@ -142,6 +142,7 @@ def test_compare_reads_each_run_side_by_side_through_the_cli(tmp_path):
   assert "| GraphPlanner - no history memory | > 0 (higher in 5 of 5 domains) | not run | " \
          "+10.0 ± n/a (sign as paper) |" in text
   assert "Seeds per run: v1 [0, 1]; v2 [0, 1]." in text
+  assert "Setting per run: v1 alpha 0.5, 8 training episodes per router; v2 alpha 0.5, 8" in text
   for args, msg in (([f"--compare=v1{tmp_path}", f"--out={tmp_path / 'a.md'}"],
                      "is not label=root"),
                     ([f"--compare=a={tmp_path / 'v1'}"], "--compare needs --out")):
