@@ -100,9 +100,9 @@ def _num(value: float) -> tuple[float, str]:
   return value, f"{value:+.1f}"
 
 
-def _sign(targets: dict, tid: str, note: str = "") -> tuple[float, str]:
+def _sign(targets: dict, tid: str) -> tuple[float, str]:
   s = _t(targets, tid)
-  return s, ("> 0" if s > 0 else "< 0") + (f" ({note})" if note else "")
+  return s, "> 0" if s > 0 else "< 0"
 
 
 def _domains_higher(targets: dict, tid: str) -> tuple[float, str]:
