@@ -27,8 +27,8 @@ from gp_jax.sim import calibration
 
 DOMAINS = ("math", "code", "commonsense", "world_knowledge", "knowledge_reasoning")
 
-# (study, variant, seed) -> the cell's rows over all domains, keyed by policy
-Index = dict[tuple[str, str, int], dict[str, dict]]
+# (study, variant, seed) -> that cell record
+Index = dict[tuple[str, str, int], dict]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -41,20 +41,14 @@ class Effect:
   read_from: str = ""
 
 
-def _exp_acc(row: dict, alpha: float, simulated: bool) -> float:
-  return 100.0 * (row["reward"] + alpha * row["cost"] if simulated else row["accuracy"])
-
-
 def _router(index: Index, study: str, variant: str, seed: int, what: str = "acc") -> float | None:
-  rows = index.get((study, variant, seed))
-  if rows is None:
-    return None
-  row = rows.get(f"{runner_lib.ROUTER}[{variant}]")
+  """The variant's router on one seed: its expected accuracy in points, or its calls per query."""
+  cell = index.get((study, variant, seed))
+  row = None if cell is None else runner_lib.all_domain_rows(cell).get(
+      f"{runner_lib.ROUTER}[{variant}]")
   if row is None:
     return None
-  if what == "calls":
-    return float(row["calls"])
-  return _exp_acc(row, rows["__alpha__"], rows["__simulated__"])
+  return float(row["calls"]) if what == "calls" else 100.0 * runner_lib.expected_accuracy(row, cell)
 
 
 def _minus(a: str, b: str | tuple[str, ...]) -> Callable[[Index, str, int], float | None]:
@@ -76,12 +70,12 @@ def _value(variant: str, what: str = "acc") -> Callable[[Index, str, int], float
 def _minus_best_router(variant: str) -> Callable[[Index, str, int], float | None]:
   """The variant minus the best single-round router (policies `router:*`) of the same cell."""
   def measure(index, study, seed):
-    rows = index.get((study, variant, seed))
     x = _router(index, study, variant, seed)
-    if rows is None or x is None:
+    if x is None:
       return None
-    routers = [_exp_acc(r, rows["__alpha__"], rows["__simulated__"])
-               for p, r in rows.items() if p.startswith("router:")]
+    cell = index[(study, variant, seed)]
+    routers = [100.0 * runner_lib.expected_accuracy(r, cell)
+               for p, r in runner_lib.all_domain_rows(cell).items() if p.startswith("router:")]
     return x - max(routers) if routers else None
   return measure
 
@@ -164,20 +158,17 @@ EFFECTS: tuple[Effect, ...] = (
 )
 
 
+STUDIES: tuple[str, ...] = tuple(sorted({e.study for e in EFFECTS}))   # the studies read
+
+
 def load_targets(path: str | pathlib.Path = calibration.TARGETS_FILE) -> dict[str, dict]:
   raw = errors.read_json(path, "paper targets file")
   return {t["id"]: t for t in raw["targets"]}
 
 
 def index_cells(cells_by_study: dict[str, list[dict]]) -> Index:
-  index: Index = {}
-  for study, cells in cells_by_study.items():
-    for c in cells:
-      rows = {r["policy"]: r for r in c["rows"] if r["domain"] == "all"}
-      rows["__alpha__"] = float(c["alpha"])
-      rows["__simulated__"] = bool(c.get("simulated"))
-      index[(study, c["variant"], int(c["seed"]))] = rows
-  return index
+  return {(study, c["variant"], int(c["seed"])): c
+          for study, cells in cells_by_study.items() for c in cells}
 
 
 def readings(cells_by_study: dict[str, list[dict]], targets: dict[str, dict]) -> list[dict]:

@@ -107,6 +107,17 @@ def write_cell(path: pathlib.Path, record: dict) -> None:
   files.write_json(path, record, "study cell", indent=1, separators=(",", ": "), ensure_ascii=True)
 
 
+def all_domain_rows(cell: dict) -> dict[str, dict]:
+  """A cell record's rows over all domains, keyed by policy."""
+  return {r["policy"]: r for r in cell["rows"] if r["domain"] == "all"}
+
+
+def expected_accuracy(row: dict, cell: dict) -> float:
+  """A row's expected accuracy: on the simulator reward + alpha x cost (its expected utility);
+  on a real backend the sampled accuracy (no expectation exists there)."""
+  return row["reward"] + cell["alpha"] * row["cost"] if cell.get("simulated") else row["accuracy"]
+
+
 def remap_history(history: history_lib.HistoryMemory, src, dst) -> history_lib.HistoryMemory:
   """The history with hub ids of action space `src` renumbered for action space `dst` by
   (role, LLM) name; rows whose action does not exist in `dst` are dropped."""
