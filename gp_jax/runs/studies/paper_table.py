@@ -192,12 +192,22 @@ def readings(cells_by_study: dict[str, list[dict]], targets: dict[str, dict]) ->
   return out
 
 
+def accuracy_unit(cells_by_study: dict[str, list[dict]]) -> str:
+  """What the accuracy points are: expected on the simulator, sampled on a real backend."""
+  sim = {bool(c.get("simulated")) for cells in cells_by_study.values() for c in cells}
+  if sim == {False}:
+    return "sampled accuracy (a real backend: no expectation exists)"
+  if sim == {True, False}:
+    return "expected accuracy on simulated cells, sampled accuracy on real-backend cells"
+  return "expected accuracy"
+
+
 def markdown(cells_by_study: dict[str, list[dict]], targets: dict[str, dict]) -> str:
   """The section "Against the paper": every effect, 'not run' where
   its study or variant is absent."""
   out = ["## Against the paper: the studies' readings of its effects", "",
-         "The paper's number (data/paper_targets.json) beside this run's, in points of expected "
-         "accuracy unless the row says otherwise; a difference is paired by seed, with its 95% t "
+         "The paper's number (data/paper_targets.json) beside this run's, in points of "
+         f"{accuracy_unit(cells_by_study)} unless the row says otherwise; a difference is paired by seed, with its 95% t "
          "half-width over the seeds (n/a for one seed). The studies run at their own setting "
          "(alpha, pool, sizes), so each row reads the paper's effect there; it is not a test of "
          "it (docs/calibration.md holds the preregistered check).", "",
@@ -245,7 +255,8 @@ def compare_markdown(runs: dict[str, dict[str, list[dict]]], targets: dict[str, 
     episodes = "/".join(str(e) for e in sorted({c["train"]["episodes"] for c in cs}))
     return f"alpha {alphas}, {episodes} training episodes per router"
   out += ["", "Setting per run: " + "; ".join(f"{k} {setting(v)}" for k, v in runs.items()) + "."]
+  units = "; ".join(f"{k} {accuracy_unit(v)}" for k, v in runs.items())
   out += ["", "Seeds per run: " + "; ".join(f"{k} {v}" for k, v in seeds.items()) + ". Points "
-          "of expected accuracy unless the row says otherwise; mean ± 95% t half-width over the "
+          f"of accuracy ({units}) unless the row says otherwise; mean ± 95% t half-width over the "
           "seeds, differences paired by seed (n/a for one seed)."]
   return "\n".join(out) + "\n"

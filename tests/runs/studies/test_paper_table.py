@@ -85,6 +85,10 @@ def test_readings_pair_by_seed_and_judge_the_sign():
   h = r["graph memory - best history as text"]      # minus the better of the two: retrieval
   assert h["mean"] == pytest.approx(-2.0) and h["agrees"] is False and h["ratio"] is None
   assert r["Phase 2 - Phase 1 depth 2 width 2"]["n"] == 0        # variant absent: not run
+  assert "in points of expected accuracy unless" in paper_table.markdown(cells, t)
+  real = {"phases": [dict(c, simulated=False) for c in cells["phases"]]}
+  assert "in points of sampled accuracy (a real backend" in paper_table.markdown(real, t)
+  assert paper_table.readings(real, t)[0]["per_seed"] == pytest.approx({0: 0.0, 1: 0.0})
   same = dict(cells, roles=[_cell("roles", v, 0, 0.6) for v in ("pes_trained", "pestv_zero_shot")])
   z = _by_name(paper_table.readings(same, t))["new roles zero-shot - Planner/Executor/Summarizer"]
   assert z["mean"] == 0 and z["n"] == 1 and z["agrees"] is None      # a zero has no sign
@@ -141,7 +145,8 @@ def test_compare_reads_each_run_side_by_side_through_the_cli(tmp_path):
           "-2.0 ± 0.0 (sign opposite) |") in text
   assert "| GraphPlanner - no history memory | > 0 (higher in 5 of 5 domains) | not run | " \
          "+10.0 ± n/a (sign as paper) |" in text
-  assert "Seeds per run: v1 [0, 1]; v2 [0, 1]." in text
+  assert "Seeds per run: v1 [0, 1]; v2 [0, 1]. Points of accuracy (v1 expected accuracy; v2 " \
+         "expected accuracy)" in text
   assert "Setting per run: v1 alpha 0.5, 8 training episodes per router; v2 alpha 0.5, 8" in text
   for args, msg in (([f"--compare=v1{tmp_path}", f"--out={tmp_path / 'a.md'}"],
                      "is not label=root"),
