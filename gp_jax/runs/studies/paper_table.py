@@ -207,10 +207,10 @@ def markdown(cells_by_study: dict[str, list[dict]], targets: dict[str, dict]) ->
   its study or variant is absent."""
   out = ["## Against the paper: the studies' readings of its effects", "",
          "The paper's number (data/paper_targets.json) beside this run's, in points of "
-         f"{accuracy_unit(cells_by_study)} unless the row says otherwise; a difference is paired by seed, with its 95% t "
-         "half-width over the seeds (n/a for one seed). The studies run at their own setting "
-         "(alpha, pool, sizes), so each row reads the paper's effect there; it is not a test of "
-         "it (docs/calibration.md holds the preregistered check).", "",
+         f"{accuracy_unit(cells_by_study)} unless the row says otherwise; a difference is paired "
+         "by seed, with its 95% t half-width over the seeds (n/a for one seed). The studies run "
+         "at their own setting (alpha, pool, sizes), so each row reads the paper's effect there; "
+         "it is not a test of it (docs/calibration.md holds the preregistered check).", "",
          "| effect | paper | this run | seeds | sign as the paper's | ratio to the paper | "
          "read from (study: variants) |", "|---|---|---|---|---|---|---|"]
   for r in readings(cells_by_study, targets):
