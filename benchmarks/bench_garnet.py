@@ -22,6 +22,9 @@ sizes: each history bucket compiles once). Memory: per device, from XLA's analys
 temporaries, minus donated aliases), and the process's peak RSS (all forced CPU devices share it).
 --compile_only lowers and compiles the update on abstract inputs (no history array is allocated),
 to size runs that do not fit this machine.
+--official times the released code's network and update (gp_jax/graph/official.py) at the
+released code's shapes instead, beside the released PyTorch code when --torch_python and
+--official_repo are given (benchmarks/bench_official.py says what each column is).
 """
 import dataclasses
 import resource
@@ -35,6 +38,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from benchmarks import bench_official
 from experiments.configs import default
 from gp_jax.graph import history as history_lib
 from gp_jax.rl import batch as batch_lib
@@ -57,6 +61,11 @@ _TRAIN_PAD = flags.DEFINE_integer("train_padded", 640,
 _TRAIN_MAX = flags.DEFINE_integer("train_layout_max_rows", 100_000,
                                   "Largest history timed with the training layout.")
 _SKIP_DECIDE = flags.DEFINE_bool("skip_decisions", False, "Time only the updates.")
+_OFFICIAL = flags.DEFINE_bool("official", False,
+                              "Time the released code's math (bench_official.py) instead.")
+_TORCH_PY = flags.DEFINE_string("torch_python", "",
+                                "--official: a python with torch (scripts/setup_torch_ref.sh).")
+_REPO = flags.DEFINE_string("official_repo", "", "--official: a checkout of the authors' code.")
 _COMPILE_ONLY = flags.DEFINE_bool("compile_only", False,
                                   "Only compile the update32 on abstract inputs; print memory.")
 
@@ -92,6 +101,10 @@ def fmt(pair, scale=1.0, digits=3):
 
 def main(argv):
   del argv
+  if _OFFICIAL.value:
+    bench_official.report([int(s) for s in _SIZES.value], _REPEATS.value, _TORCH_PY.value,
+                          _REPO.value)
+    return
   c = default.get_config()
   c.data.n_train, c.data.n_test = 8, 8
   c.model.mem_proj = _PROJ.value
