@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every experiment of the paper on the simulated pool (the alpha sweep, the studies phases, unseen,
-# ablations, roles and drift (twice: history by mean and by retrieval), the routed Graph Counselor), then one report with figures.
+# ablations, roles and drift (twice: history by mean and by retrieval), the routed Graph Counselor,
+# the released code's settings), then one report with figures.
 #   bash scripts/experiments.sh          CPU size: workdirs/experiments/, report -> docs/report.md
 #   bash scripts/experiments.sh test     CI size:  workdirs/experiments_test/, report next to it
 #   bash scripts/experiments.sh v2       CPU size on the v2 world (data/world_v2.json; it failed its
@@ -50,6 +51,14 @@ if [ "$size" != v2 ]; then
   python -m experiments.counselor_routed --config="experiments/configs/counselor_routed.py$suffix" \
     --workdir="$root/counselor_routed"
   stamp "routed Graph Counselor"
+fi
+# The released code's settings (experiments/configs/official.py, docs/official.md): one training
+# run and its evaluation, into $root/official (about a minute at CPU size). Not on the v2 world:
+# it reproduces the authors' settings on the default one.
+if [ "$size" != v2 ]; then
+  python -m experiments.train --config="experiments/configs/official.py$suffix" \
+    --workdir="$root/official"
+  stamp "released code's settings (official.py)"
 fi
 python -m experiments.report --root="$root" --out="$out"
 stamp "report"

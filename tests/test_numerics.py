@@ -6,8 +6,10 @@ import jax
 import jax.numpy as jnp
 import jraph
 import numpy as np
+import optax
 import pytest
 
+from gp_jax import errors
 from gp_jax.graph import garnet
 from gp_jax.graph import history as history_lib
 from gp_jax.rl import gae
@@ -196,6 +198,18 @@ def test_linear_lr_schedule_decays_both_learning_rates():
     updates, cstate = const.update(grads, cstate, params)
   np.testing.assert_allclose(float(-updates["policy_mlp"][0]), 1e-2, rtol=1e-4)
 
+
+def test_gradient_clip_zero_is_no_clipping():
+  """max_grad_norm > 0 scales the gradients to that global norm; 0 (the released code's update)
+  leaves them as they are; a negative value is a config error."""
+  grads = {"policy_mlp": jnp.full(4, 3.0), "value_mlp": jnp.zeros(2)}   # global norm 6
+  for norm, want in ((0.5, 0.5), (100.0, 6.0), (0.0, 6.0)):
+    clip = ppo.gradient_clip(norm)
+    out, _ = clip.update(grads, clip.init(grads))
+    assert float(optax.global_norm(out)) == pytest.approx(want, rel=1e-6)
+  with pytest.raises(errors.ConfigError, match="max_grad_norm"):
+    ppo.PPOSettings(learning_rate=1e-3, epochs=1, num_minibatches=1, clip_eps=0.2, gamma=0.99,
+                    gae_lambda=0.95, value_coef=0.5, entropy_coef=0.0, max_grad_norm=-1.0)
 
 @pytest.mark.parametrize("jit", [True, False])
 def test_linear_entropy_schedule(jit):

@@ -1,5 +1,5 @@
 """The shell entry points: env.sh sourced interactively, train.sh's terminal output, the studies
-that experiments.sh (CI's experiments stage) runs."""
+and runs that experiments.sh (CI's experiments stage) runs."""
 import os
 import pathlib
 import re
@@ -103,6 +103,17 @@ def test_experiments_sh_runs_every_study_then_the_report():
   assert '--workdir="$root/studies/drift" --config.study.seeds="$drift_seeds"' in first
   assert re.search(r'default\).*drift_seeds="0,1,2"', script)
   assert '--workdir="$root/studies/drift_retrieval" --config.model.history=retrieval' in second
+
+
+def test_experiments_sh_trains_the_released_settings_before_the_report():
+  """experiments.sh trains (and evaluates) experiments/configs/official.py at the size given into
+  <root>/official, with a stamp line, before the report; not on the v2 world."""
+  script = (REPO / "scripts" / "experiments.sh").read_text()
+  run = script.index(
+      'python -m experiments.train --config="experiments/configs/official.py$suffix"')
+  assert script.index('--workdir="$root/official"', run) < script.index("stamp ", run)
+  assert script.rfind('if [ "$size" != v2 ]; then', 0, run) > script.rfind("fi\n", 0, run)
+  assert run < script.index("python -m experiments.report --root=")
 
 
 def test_experiments_sh_v2_runs_every_sweep_and_study_on_the_v2_world():

@@ -113,7 +113,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.ppo.num_minibatches = 4
   c.ppo.gamma = 0.99               # paper
   c.ppo.gae_lambda = 0.95
-  c.ppo.max_grad_norm = 0.5        # paper
+  c.ppo.max_grad_norm = 0.5        # paper (global-norm clip; 0 = none)
   c.ppo.entropy_coef = 0.001       # small: the greedy router needs a sharp policy
   c.ppo.entropy_schedule = "constant"   # "constant" or "linear" (decay over the run's PPO updates)
   c.ppo.entropy_final_fraction = 0.0    # linear: final coefficient as a fraction of entropy_coef
@@ -128,6 +128,9 @@ def get_config() -> ml_collections.ConfigDict:
                                    # (E[U | calls], simulator only: less noise), "auto" = expected
                                    # on the simulator, sampled otherwise
   c.train.checkpoint_every = 5     # iterations between 'latest' checkpoints
+  c.train.force_planner_episodes = 0   # the run's first N training episodes start with a Planner
+                                   # (their first decision allows only planner actions; the
+                                   # released code's option, docs/official.md); 0 = none
   c.train.background_checkpoints = False  # write them in a thread while training goes on (one
                                    # process; pays off where cores are idle, docs/scaling.md)
   c.train.padding = "fixed"        # transitions per update: "fixed" (every call the episodes

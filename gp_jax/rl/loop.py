@@ -113,6 +113,9 @@ class LoopSettings:
       a gain where cores are idle: orbax's writes compress, so they cost CPU time).
     predictor: the model has a memory predictor (GARNet.memory_predictor): every update also
       gets its examples from the history rows (history.predictor_pairs).
+    force_planner_episodes: the run's first this many training episodes (counted from the start
+      of the run, over resumes: episode j is query j of the run's stream) take their first step
+      among the planner actions only (the released code's forced-planner episodes; 0: none).
   """
   episodes: int
   episodes_per_iter: int
@@ -125,10 +128,17 @@ class LoopSettings:
   history_capacity: int
   background_checkpoints: bool = False
   predictor: bool = False
+  force_planner_episodes: int = 0
 
   @property
   def iterations(self) -> int:
     return math.ceil(self.episodes / self.episodes_per_iter)
+
+  def planner_first(self, it: int) -> int:
+    """How many of iteration `it`'s episodes (its first ones) are forced-planner episodes: the
+    episodes before force_planner_episodes in the run's order."""
+    return min(max(self.force_planner_episodes - it * self.episodes_per_iter, 0),
+               self.episodes_per_iter)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -323,7 +333,8 @@ def _rollouts(loop: _Loop, it: int) -> list[rollout.Episode]:
   episodes = aio.run(rollout.run_episodes(
       loop.env, loop.featurizer, loop.runner, batch_q,
       key=jax.random.fold_in(jax.random.PRNGKey(s.seed + 1), it),
-      greedy=False, history=history, grow_history=memory, seed_salt=(s.seed, it), shard=shard))
+      greedy=False, history=history, grow_history=memory, seed_salt=(s.seed, it), shard=shard,
+      planner_first=s.planner_first(it)))
   if procs > 1:   # every process builds the same batch from all the episodes, in query order
     episodes = [e for part in parallel.allgather_objects(episodes) for e in part]
   return episodes
@@ -363,6 +374,8 @@ def _iteration(loop: _Loop, state: ppo.TrainingState, progress: LoopState,
              history_rows=len(loop.history), rollout_s=t_upd - t_roll,
              update_s=time.time() - t_upd, padded_transitions=size,
              update_compiles=ppo.compile_count(loop.update), **m)
+  if s.force_planner_episodes:   # only in runs that force: other runs' records stay as they were
+    rec["planner_first"] = int(sum(e.planner_first for e in episodes))
   # Backend counters (calls, failures by kind, retries...) of real pools, cumulative.
   rec.update({f"pool/{k}": v for k, v in env.pool.stats().items() if isinstance(v, (int, float))})
   return state, progress, rec

@@ -52,7 +52,7 @@ class PPOSettings:
     clip_eps: PPO ratio clip, in (0, 1).
     gamma: discount; gae_lambda: GAE lambda (both in [0, 1]).
     value_coef: weight of the value loss; entropy_coef: weight of the entropy bonus (>= 0).
-    max_grad_norm: global-norm gradient clip.
+    max_grad_norm: global-norm gradient clip (0: no clipping, as the released code's update).
     value_lr_multiplier: the value network's learning rate is this x learning_rate (the modules
       named by make_optimizer's value_modules).
     lr_schedule: "constant", or "linear": both rates fall to lr_final_fraction of their initial
@@ -88,6 +88,7 @@ class PPOSettings:
               (0 <= self.gamma <= 1, "0 <= gamma <= 1"),
               (0 <= self.gae_lambda <= 1, "0 <= gae_lambda <= 1"),
               (self.entropy_coef >= 0, "entropy_coef >= 0"),
+              (self.max_grad_norm >= 0, "max_grad_norm >= 0 (0: no clipping)"),
               (self.value_lr_multiplier > 0, "value_lr_multiplier > 0"),
               (0 <= self.lr_final_fraction <= 1, "0 <= lr_final_fraction <= 1"),
               (0 <= self.entropy_final_fraction <= 1, "0 <= entropy_final_fraction <= 1")]
@@ -114,12 +115,20 @@ class TrainingState:
   update_step: jax.Array     # number of PPO updates applied
 
 
+def gradient_clip(max_grad_norm: float) -> optax.GradientTransformation:
+  """Global-norm clipping to max_grad_norm; 0: the gradients as they are."""
+  if max_grad_norm > 0:
+    return optax.clip_by_global_norm(max_grad_norm)
+  return optax.identity()
+
+
 def make_optimizer(settings: PPOSettings, *, num_updates: int = 1,
                    value_modules: tuple[str, ...] = VALUE_MODULES) -> optax.GradientTransformation:
-  """Adam with global-norm clipping; the top-level parameter modules named in `value_modules`
-  learn at value_lr_multiplier x learning_rate (learners without a separate value network pass
-  ()). With lr_schedule "linear" both rates fall linearly to lr_final_fraction of their initial
-  value over settings.lr_decay_steps(num_updates) gradient steps, then stay there.
+  """Adam with global-norm clipping (none when max_grad_norm is 0); the top-level parameter
+  modules named in `value_modules` learn at value_lr_multiplier x learning_rate (learners without
+  a separate value network pass ()). With lr_schedule "linear" both rates fall linearly to
+  lr_final_fraction of their initial value over settings.lr_decay_steps(num_updates) gradient
+  steps, then stay there.
   """
   decay_steps = settings.lr_decay_steps(num_updates)
 
@@ -132,7 +141,7 @@ def make_optimizer(settings: PPOSettings, *, num_updates: int = 1,
     return optax.linear_schedule(lr, lr * settings.lr_final_fraction, int(decay_steps))
   lr = settings.learning_rate
   return optax.chain(
-      optax.clip_by_global_norm(settings.max_grad_norm),
+      gradient_clip(settings.max_grad_norm),
       optax.multi_transform({"policy": optax.adam(rate(lr)),
                              "value": optax.adam(rate(lr * settings.value_lr_multiplier))}, label))
 

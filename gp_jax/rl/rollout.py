@@ -15,6 +15,9 @@ statistics of the history (history.HubStats) kept here beside the hub sums; the 
 them in each observation (hub_stats), so the update reads what the decision read.
 Online memory (evaluation, weights frozen): `online=True` lets finished episodes join the history
 as in training and keeps it within its capacity as they join (see `run_episodes`).
+Forced planners (training's force_planner_episodes): the first `planner_first` queries' episodes
+decide their first step among the planners only (mdp.planner_only); the observation stores that
+mask, so the decision's log-probability and the PPO update's ratio are both under it.
 """
 from __future__ import annotations
 
@@ -274,6 +277,15 @@ class Episode:
   rewards: list = dataclasses.field(default_factory=list)
   snapshots: list = dataclasses.field(default_factory=list)
   utility: float = 0.0
+  planner_first: bool = False   # the first decision was among the planners only
+
+  def decision_mask(self, env: env_lib.WorkflowEnv) -> np.ndarray:
+    """The valid actions of the next decision, bool [A]: the env's, restricted to the planners at
+    a planner-first episode's first decision."""
+    mask = env.mask(self.state)
+    if self.planner_first and self.state.steps == 0:
+      return mdp.planner_only(mask, env.space)
+    return mask
 
   @property
   def episode_return(self) -> float:
@@ -305,7 +317,7 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
                        runner: PolicyRunner, queries: list[Query], *, key: jax.Array,
                        greedy: bool, history: history_lib.HistoryMemory | None,
                        grow_history: bool, seed_salt, task_text=None, online: bool = False,
-                       shard: RolloutShard | None = None) -> list[Episode]:
+                       shard: RolloutShard | None = None, planner_first: int = 0) -> list[Episode]:
   """Runs one episode per query, runner.batch_size at a time; returns them in query order.
 
   Episodes that finish at one lock-step join the history together after it (when it grows), so
@@ -323,6 +335,9 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
       index the rows: such episodes are not for a PPO update.
     shard: several processes: this one's slice of the queries (RolloutShard); runner.batch_size
       is then the episodes in flight over all processes.
+    planner_first: the episodes of the first this many queries (iteration-wide indices when
+      sharded) take their first step among the planner actions only, where one is valid
+      (training's forced-planner episodes; 0: none).
   """
   if online and (history is None or not grow_history):
     raise ValueError("online memory needs a history memory and grow_history=True")
@@ -345,7 +360,8 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
     t_emb, q_emb = encoder.encode([task_text(q), q.query])
     index = i + (shard.index_offset if shard is not None else 0)
     slots[slot] = (i, Episode(q, env.reset(q), episode_seed(seed_salt, index, q.qid), t_emb, q_emb,
-                              np.zeros((0, row_dim), np.float32)))
+                              np.zeros((0, row_dim), np.float32),
+                              planner_first=index < planner_first))
 
   if shard is None:
     n_slots = runner.batch_size
@@ -362,7 +378,7 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
       step += 1
       in_flight = _exchange(shard, [], [], 0, history, runner)
       continue
-    obs = [featurizer.observe(ep.state, ep.task_emb, ep.query_emb, ep.rows, env.mask(ep.state))
+    obs = [featurizer.observe(ep.state, ep.task_emb, ep.query_emb, ep.rows, ep.decision_mask(env))
            for _, (_, ep) in live]
     if index is not None:   # the k history rows nearest to each query, stored in its observation
       if history is not None:

@@ -40,6 +40,7 @@ FIELDS: dict[str, object] = {
     "train.reward": "sampled",
     "train.padding": "fixed",
     "train.background_checkpoints": False,
+    "train.force_planner_episodes": 0,
     "eval.online_history": False,
     "eval.online_recent_rows": 0,
     "parallel.devices": 0,

@@ -162,6 +162,8 @@ def validate(config) -> None:
             (not config.eval.online_recent_rows or config.eval.online_history,
              "eval.online_history=True with eval.online_recent_rows > 0"),
             (t.checkpoint_every >= 1, "train.checkpoint_every >= 1"),
+            (isinstance(t.force_planner_episodes, int) and t.force_planner_episodes >= 0,
+             "an integer train.force_planner_episodes >= 0"),
             (t.padding in rl_loop.PADDINGS, f"train.padding in {rl_loop.PADDINGS}")]
   for ok, what in checks:
     if not ok:
@@ -181,7 +183,8 @@ def loop_settings(config, max_calls: int) -> rl_loop.LoopSettings:
       max_calls=max_calls, history=config.model.history,
       history_capacity=int(config.model.history_capacity),
       background_checkpoints=bool(t.background_checkpoints),
-      predictor=bool(config.model.memory_predictor))
+      predictor=bool(config.model.memory_predictor),
+      force_planner_episodes=int(t.force_planner_episodes))
 
 
 def check_workdir(config, workdir: pathlib.Path) -> None:

@@ -35,6 +35,7 @@ SWITCHED_OFF_WHEN = {
     "eval.online_history": lambda flat: not flat.get("eval.online_history", False),
     "eval.online_recent_rows": lambda flat: not flat.get("eval.online_recent_rows", 0),
     "train.padding": lambda flat: flat.get("train.padding", "fixed") == "fixed",
+    "train.force_planner_episodes": lambda flat: not flat.get("train.force_planner_episodes", 0),
     "sim": lambda flat: flat.get("sim.world", "v1") == "v1" and not flat.get("sim.world_file", ""),
     "train.pool_perturb": lambda flat: not flat.get("train.pool_perturb.enabled", False),
     "model.row_layout": lambda flat: flat.get("model.row_layout", 1) == 1,

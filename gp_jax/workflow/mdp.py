@@ -15,8 +15,10 @@ Transitions (by role kind, see gp_jax/workflow/roles.py):
              children's answers by checked ones; the node stays current.
 Masks: pending -> executors (+ planners while planner_calls < p_max and depth < max_depth;
 + thinker if not yet used); planning with completed children -> summarizer (+ verifier if unused);
-root after its summary -> executors only. Phase 1 fixes the structure: nodes above phase1_depth
-must plan with width phase1_width, nodes at phase1_depth must execute; only the LLM is chosen.
+root after its summary -> executors only. A forced-planner training episode's first decision
+allows only the planners of that mask (`planner_only`). Phase 1 fixes the structure: nodes above
+phase1_depth must plan with width phase1_width, nodes at phase1_depth must execute; only the LLM
+is chosen.
 The episode ends after the final answer, or at step_cap with no answer (utility 0).
 
 This module is plain Python (host side); it never calls an LLM.
@@ -184,6 +186,14 @@ def action_mask(state: WorkflowState, space: ActionSpace, cfg: MDPConfig) -> np.
       kinds.append("verifier")
     return space.kind_mask(kinds)
   raise AssertionError(f"current node {node.id} is {node.status}")
+
+
+def planner_only(mask: np.ndarray, space: ActionSpace) -> np.ndarray:
+  """`mask` restricted to its planner actions, bool [space.size]; `mask` itself when it allows no
+  planner (nothing to force there). A forced-planner episode's first decision (training's
+  force_planner_episodes) reads this mask, and so does its PPO update."""
+  planners = mask & space.kind_mask(["planner"])
+  return planners if planners.any() else mask
 
 
 def split_plan(text: str, max_width: int) -> list[str]:

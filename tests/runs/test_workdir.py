@@ -150,3 +150,14 @@ def test_a_study_record_older_than_the_drift_settings_still_resumes(tmp_path):
   c.study.knn_k = 3                          # other study fields are still compared
   with pytest.raises(errors.ConfigError, match="study.knn_k"):
     runner.StudyRunner(c, wd, "phases", definitions.variants("phases", c), verbose=False).run([])
+
+
+def test_a_record_older_than_forced_planner_episodes_resumes_while_it_is_off(tmp_path):
+  c = test_config.get_config()
+  old = {k: v for k, v in workdir_config.flatten(c).items() if k != "train.force_planner_episodes"}
+  (tmp_path / "config.json").write_text(json.dumps(old))
+  workdir_config.check_or_record(tmp_path, c)
+  c.train.force_planner_episodes = 50
+  with pytest.raises(errors.ConfigError,
+                     match=r"train.force_planner_episodes: recorded '<absent>', now 50"):
+    workdir_config.check_or_record(tmp_path, c)

@@ -73,6 +73,17 @@ def test_planner_budget_and_depth_masks():
   assert allowed(s, sp, cfg2) == ["executor"]      # children at max depth
 
 
+def test_planner_only_keeps_the_planners_the_mask_allows():
+  sp, cfg = space(("planner", "executor", "summarizer", "thinker")), mdp.MDPConfig()
+  root = mdp.action_mask(mdp.new_state("q"), sp, cfg)
+  forced = mdp.planner_only(root, sp)
+  assert sorted({sp.decode(int(a))[0].name for a in np.flatnonzero(forced)}) == ["planner"]
+  assert np.array_equal(forced, root & sp.kind_mask(["planner"]))
+  root[sp.encode("planner", "a")] = False           # an LLM the mask leaves out stays out
+  assert np.flatnonzero(mdp.planner_only(root, sp)).tolist() == [sp.encode("planner", "b")]
+  no_planner = mdp.action_mask(mdp.new_state("q"), sp, mdp.MDPConfig(p_max=0))
+  assert np.array_equal(mdp.planner_only(no_planner, sp), no_planner)   # nothing to force there
+
 def test_width_cap_and_numbered_lines():
   assert mdp.split_plan("1. a\n2) b\n- c\n* d", 3) == ["a", "b", "c"]
 
