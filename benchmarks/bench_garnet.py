@@ -66,6 +66,10 @@ _OFFICIAL = flags.DEFINE_bool("official", False,
 _TORCH_PY = flags.DEFINE_string("torch_python", "",
                                 "--official: a python with torch (scripts/setup_torch_ref.sh).")
 _REPO = flags.DEFINE_string("official_repo", "", "--official: a checkout of the authors' code.")
+_TORCH_THREADS = flags.DEFINE_integer("torch_threads", 0,
+                                      "--official: the released code's torch threads (0: default).")
+_TORCH_CAP = flags.DEFINE_float("torch_cap_s", 600.0,
+                                "--official: longest one released-code measurement may take (s).")
 _COMPILE_ONLY = flags.DEFINE_bool("compile_only", False,
                                   "Only compile the update32 on abstract inputs; print memory.")
 
@@ -103,7 +107,8 @@ def main(argv):
   del argv
   if _OFFICIAL.value:
     bench_official.report([int(s) for s in _SIZES.value], _REPEATS.value, _TORCH_PY.value,
-                          _REPO.value)
+                          _REPO.value, threads=_TORCH_THREADS.value, cap_s=_TORCH_CAP.value,
+                          decisions_per_update=_DECISIONS.value)
     return
   c = default.get_config()
   c.data.n_train, c.data.n_test = 8, 8

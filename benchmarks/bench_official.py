@@ -10,13 +10,17 @@ workflow rows. Per history size H (rows, padded to a power of two):
     once per snapshot of the history);
   encode: that encoding of the history (both networks), once per snapshot;
   decide+encode: one decision computing everything, as the released select_action does;
+  like-for-like: decide + encode / --decisions_per_update (the history is encoded again only when
+    the weights or the rows change: once per PPO update with gp_jax's training cadence, about 220
+    decisions per update in the default config);
   update32: the released update on 32 transitions, 1 epoch x 1 minibatch of 32 (the settings
     train.py builds: k_epochs 1, batch 32);
   GiB: XLA's memory analysis of the compiled update (arguments + outputs + temporaries).
 With --torch_python (a python with torch, scripts/setup_torch_ref.sh) and --official_repo (a
 checkout of the authors' repository), benchmarks/bench_official_torch.py times the released code
-on the same shapes in a subprocess, and the ratios released / gp_jax are printed: decision ratio
-= released select_action / gp_jax decide+encode and / gp_jax decide.
+on the same shapes in a subprocess, and the ratios released / gp_jax are printed: the released
+select_action over gp_jax's decide+encode, like-for-like and decide; the released update over
+update32.
 """
 import json
 import pathlib
@@ -105,11 +109,13 @@ def time_ours(sizes, repeats, d=768, hidden=32, llms=9, queries=1000, local=8):
   return out
 
 
-def time_released(torch_python, repo, sizes, repeats, llms, queries, local, timeout):
+def time_released(torch_python, repo, sizes, repeats, llms, queries, local, timeout, threads=0,
+                  cap_s=600):
   """The released code's timings (bench_official_torch.py's JSON), or None with a reason."""
   cmd = [torch_python, str(HERE / "bench_official_torch.py"), f"--repo={repo}",
          f"--num_llms={llms}", f"--num_queries={queries}", f"--local_rows={local}",
-         f"--history_rows={','.join(map(str, sizes))}", f"--repeats={repeats}"]
+         f"--history_rows={','.join(map(str, sizes))}", f"--repeats={repeats}",
+         f"--threads={threads}", f"--cap_s={cap_s}"]
   try:
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
   except subprocess.TimeoutExpired:
@@ -119,26 +125,33 @@ def time_released(torch_python, repo, sizes, repeats, llms, queries, local, time
   return json.loads(done.stdout.strip().splitlines()[-1]), ""
 
 
-def report(sizes, repeats, torch_python="", repo="", llms=9, queries=1000, local=8, timeout=3600):
+def report(sizes, repeats, torch_python="", repo="", llms=9, queries=1000, local=8, timeout=3600,
+           threads=0, cap_s=600, decisions_per_update=220):
   ours = time_ours(sizes, repeats, llms=llms, queries=queries, local=local)
-  theirs, why = (time_released(torch_python, repo, sizes, repeats, llms, queries, local, timeout)
+  theirs, why = (time_released(torch_python, repo, sizes, repeats, llms, queries, local, timeout,
+                               threads, cap_s)
                  if torch_python and repo else (None, "no --torch_python/--official_repo"))
   print(f"released math at its shapes: d=768, hidden 32, A={3 * llms}, {queries} queries, "
         f"{local} workflow rows; {jax.devices()[0].platform} ({jax.device_count()} device(s)); "
         f"median of {repeats}, ms")
   by_h = {r["history_rows"]: r for r in (theirs or {}).get("results", [])}
-  head = (f"{'H':>7} {'decide':>8} {'encode':>8} {'dec+enc':>8} {'update32':>9} {'GiB':>6}")
+  head = (f"{'H':>7} {'decide':>8} {'encode':>8} {'dec+enc':>8} {'like4like':>9} {'update32':>9} "
+          f"{'GiB':>6}")
   if theirs:
-    head += f" | {'released dec':>12} {'released upd':>12} {'x dec+enc':>9} {'x decide':>9} {'x update':>9}"
+    head += (f" | {'released dec':>12} {'released upd':>12} {'x dec+enc':>9} {'x like4l':>9} "
+             f"{'x decide':>9} {'x update':>9}")
   print(head)
   for r in ours:
+    r["like_for_like"] = r["decide"] + r["encode"] / decisions_per_update
     line = (f"{r['history_rows']:>7} {r['decide'] * 1e3:8.2f} {r['encode'] * 1e3:8.2f} "
-            f"{r['decide_encode'] * 1e3:8.2f} {r['update32'] * 1e3:9.2f} {r['gib']:6.3f}")
+            f"{r['decide_encode'] * 1e3:8.2f} {r['like_for_like'] * 1e3:9.2f} "
+            f"{r['update32'] * 1e3:9.2f} {r['gib']:6.3f}")
     t = by_h.get(r["history_rows"])
     if theirs and t:
       dec, upd = t.get("decision_ms"), t.get("update_ms")
       line += (f" | {_ms(dec):>12} {_ms(upd):>12} {_ratio(dec, r['decide_encode']):>9} "
-               f"{_ratio(dec, r['decide']):>9} {_ratio(upd, r['update32']):>9}")
+               f"{_ratio(dec, r['like_for_like']):>9} {_ratio(dec, r['decide']):>9} "
+               f"{_ratio(upd, r['update32']):>9}")
       if t.get("note"):
         line += f"  ({t['note']})"
     print(line)
