@@ -29,7 +29,7 @@ def test_fixtures_cover_the_cases_the_issue_names():
   assert all(r.has_update for r in refs)
 
 
-CASES = [(f, True) for f in FILES] + [(HERE / "official_small.npz", False)]   # eager: ~25 s
+CASES = [(f, True) for f in FILES] + [(HERE / f"official_{n}.npz", False) for n in ("small", "large")]
 
 
 @pytest.mark.parametrize("path,jit", CASES,
