@@ -48,10 +48,9 @@ def _memory(rng, n, d, Q, A, valid_rows):
 def _obs(rng, n, d, Q, A, L):
   local = _memory(rng, n * L, d, Q, A, n * L)
   local = jax.tree_util.tree_map(lambda x: x.reshape((n, L) + x.shape[1:]), local)
+  his_index = np.stack([rng.integers(0, Q, n), rng.integers(0, 11, n)], 1)
   return official.Observation(local, jnp.asarray(rng.normal(size=(n, d)), jnp.float32),
-                              jnp.asarray(np.stack([rng.integers(0, Q, n), rng.integers(0, 11, n)], 1),
-                                          jnp.int32),
-                              jnp.ones((n, A), jnp.float32))
+                              jnp.asarray(his_index, jnp.int32), jnp.ones((n, A), jnp.float32))
 
 
 def _timed(fn, repeats):

@@ -4,13 +4,15 @@ computed as that code computes them, on padded tables.
 
 Tables (the released code's names; d the text width, h the hidden width):
   query table  [Q, d]      one row per query, its id = its row;
-  LLM table    [A, 2d]     one row per (role, LLM) action, [role embedding ; LLM embedding], id = action;
-  memory table [M, 2d + 2] one row per LLM call, [n_i ; n_o ; score ; cost], with the ids of its query
-                           and of its action; padded rows carry valid = False.
+  LLM table    [A, 2d]     one row per (role, LLM) action, [role embedding ; LLM embedding],
+                           id = action;
+  memory table [M, 2d + 2] one row per LLM call, [n_i ; n_o ; score ; cost], with the ids of its
+                           query and of its action; padded rows carry valid = False.
 One DBLayer over the three tables (T_t = ReLU(LayerNorm(W x + b)), plus x when widths match):
   k_query[i] = (T_q(q_i) + mean_{rows r of query i} T_m(m_r)) / n_query
   k_llm[a]   = (T_l(l_a) + mean_{rows r of action a} T_m(m_r)) / n_llm
-  q_out = T_q(q) + s k_query,  l_out = T_l(l) + s k_llm,  m_out = T_m(m) + s (k_query[q(r)] + k_llm[a(r)])
+  q_out = T_q(q) + s k_query,  l_out = T_l(l) + s k_llm,
+  m_out = T_m(m) + s (k_query[q(r)] + k_llm[a(r)])
 with s a learnable scalar and n_key the number of non-empty tables that carry the key (the memory
 table counts only when it has a valid row; a key absent from the memory gets 0 from it, as
 torch_scatter's mean gives). Ids are used as they are: the released code maps them through their
@@ -299,11 +301,13 @@ def from_state_dict(state_dict: Mapping[str, np.ndarray], template) -> dict:
     a = np.asarray(state_dict[key], np.float32)
     a = a.T if transposed else a
     if a.shape != tuple(np.shape(ref)):
+      want = tuple(np.shape(ref))[::-1] if transposed else tuple(np.shape(ref))
       raise errors.DataError(f"state_dict {key!r} has shape {np.shape(state_dict[key])}, "
-                             f"expected {tuple(np.shape(ref))[::-1] if transposed else np.shape(ref)}")
+                             f"expected {want}")
     items.append((path, jnp.asarray(a)))
     used.add(key)
   extra = sorted(set(state_dict) - used)
   if extra:
-    raise errors.DataError(f"state_dict has entries this network does not have: {', '.join(extra[:5])}")
+    raise errors.DataError("state_dict has entries this network does not have: "
+                           + ", ".join(extra[:5]))
   return _unflat(items)

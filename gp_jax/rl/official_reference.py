@@ -160,8 +160,8 @@ def inputs(ref: Reference):
   obs = official.Observation(local, jnp.asarray(ref["in/state"], jnp.float32),
                              jnp.asarray(ref["in/his_index"], jnp.int32),
                              jnp.asarray(ref["in/mask"], jnp.float32))
-  return (jnp.asarray(ref["in/query_emb"], jnp.float32), jnp.asarray(ref["in/llm_emb"], jnp.float32),
-          history, obs)
+  return (jnp.asarray(ref["in/query_emb"], jnp.float32),
+          jnp.asarray(ref["in/llm_emb"], jnp.float32), history, obs)
 
 
 def params_of(ref: Reference, nets: official.Networks, prefix: str = "sd"):
@@ -197,7 +197,8 @@ def _compute(ref: Reference) -> dict:
   nets = official.networks(ref.hidden, ref.num_classes)
   params = params_of(ref, nets)
   query, llm, history, obs = inputs(ref)
-  probs, values = jax.jit(official.forward, static_argnums=0)(nets, params, query, llm, history, obs)
+  forward = jax.jit(official.forward, static_argnums=0)
+  probs, values = forward(nets, params, query, llm, history, obs)
   out = {"probs": np.asarray(probs), "value": np.asarray(values)}
   if not ref.has_update:
     return out

@@ -29,7 +29,8 @@ def test_fixtures_cover_the_cases_the_issue_names():
   assert all(r.has_update for r in refs)
 
 
-CASES = [(f, True) for f in FILES] + [(HERE / f"official_{n}.npz", False) for n in ("small", "large")]
+CASES = ([(f, True) for f in FILES]
+         + [(HERE / f"official_{n}.npz", False) for n in ("small", "large")])   # eager: ~30 s each
 
 
 @pytest.mark.parametrize("path,jit", CASES,
@@ -102,7 +103,8 @@ def test_padding_changes_nothing_and_one_bucket_traces_once():
     widths = lambda x: [(0, 0)] * axis + [(0, n)] + [(0, 0)] * (x.ndim - axis - 1)
     return official.Memory(*(jnp.pad(x, widths(x)) for x in m))
   obs2 = obs._replace(local=pad(obs.local, 5, 1))
-  p2, v2 = jax.jit(lambda *a: official.forward(nets, *a))(params, query, llm, pad(hist, 700, 0), obs2)
+  wider = jax.jit(lambda *a: official.forward(nets, *a))
+  p2, v2 = wider(params, query, llm, pad(hist, 700, 0), obs2)
   np.testing.assert_allclose(p2, p1, atol=1e-6)
   np.testing.assert_allclose(v2, v1, rtol=1e-5, atol=1e-6)
   fewer = hist._replace(valid=hist.valid & (jnp.arange(hist.valid.shape[0]) < 900))
