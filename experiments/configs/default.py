@@ -102,6 +102,9 @@ def get_config() -> ml_collections.ConfigDict:
   c.model.memory_predictor_scale = 5.0  # kappa, logits per unit of predicted call reward
                                    # (chosen among 5, 15, 50 by training return under perturbed
                                    # pools, reduced size: docs/memory.md)
+  c.model.policy_head = "flat"     # "flat": one softmax over the role x LLM actions; "factored":
+                                   # p(role) x p(LLM | role), greedy = best role, then its best
+                                   # LLM (gp_jax/graph/garnet.py)
 
   c.ppo = ml_collections.ConfigDict()
   c.ppo.learning_rate = 3e-4       # paper
@@ -119,6 +122,13 @@ def get_config() -> ml_collections.ConfigDict:
   c.ppo.entropy_final_fraction = 0.0    # linear: final coefficient as a fraction of entropy_coef
   c.ppo.value_coef = 0.5
   c.ppo.entropy_stop = 0.05        # stop when mean policy entropy falls below this
+  c.ppo.entropy_stop_min_episodes = 0   # ... but only once this many training episodes have
+                                   # run (0 = from the first update)
+  c.ppo.role_entropy_coef = 0.0    # bonus x entropy of the role marginal (sum of p over each
+                                   # role's actions), either head; 0 = none (gp_jax/rl/ppo.py)
+  c.ppo.advantage_norm = "batch"   # advantages standardised over the "batch", or "per_type":
+                                   # within each decision type (root, pending, summarize, other:
+                                   # gp_jax/rl/batch.py)
 
   c.train = ml_collections.ConfigDict()
   c.train.episodes = 12000         # training episodes
@@ -131,6 +141,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.force_planner_episodes = 0   # the run's first N training episodes start with a Planner
                                    # (their first decision allows only planner actions; the
                                    # released code's option, docs/official.md); 0 = none
+  c.train.phase1_episodes = 0      # warm start: the first N training episodes (whole iterations,
+                                   # counted in train.episodes) run the fixed Phase-1 workflow of
+                                   # depth phase1_depth and width phase1_width, then Phase 2
+                                   # (gp_jax/runs/train.py); 0 = none
+  c.train.phase1_depth = 1         # the warm start's Phase-1 depth ...
+  c.train.phase1_width = 3         # ... and width (read only when phase1_episodes > 0)
   c.train.background_checkpoints = False  # write them in a thread while training goes on (one
                                    # process; pays off where cores are idle, docs/scaling.md)
   c.train.padding = "fixed"        # transitions per update: "fixed" (every call the episodes

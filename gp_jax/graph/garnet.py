@@ -57,6 +57,24 @@ rate can only lower it (U in (0, 1) does not read f). alpha = predictor_alpha, t
 The history graph always aggregates with the mean: its per-hub sums must stay prefix-summable so
 that the PPO update can rebuild every decision's exact snapshot; attention over history rows would
 need each snapshot's softmax normaliser, which prefix sums of rows cannot give.
+Policy heads (policy_head):
+  "flat" (default): one softmax over the A = R x K (role, LLM) actions, as above.
+  "factored": the policy first picks a role, then an LLM within it,
+      log p(a) = log p(r(a)) + log p(l(a) | r(a)),   r(a) = a // K, l(a) = a mod K
+    (mdp.ActionSpace's index = role x K + LLM),
+    LLM within role: the hub scores s_a = H_a . z (+ the memory term), softmaxed over the valid
+      actions of each role;
+    role: a pooled readout of the role's hub rows, s_r = mean_{valid a of r}(H_a) . z_r, with
+      z_r = MLP_r([task ; query ; state]) (a second small head, initialised near 0, so the first
+      policy is near uniform over the valid roles), softmaxed over the roles with a valid action.
+  It reads no fixed number of roles (a new role is one more pooled readout), only K = num_llms,
+  the LLMs per role of the space it scores: a router scoring a pool of another size (new LLMs)
+  is `for_action_space(model, space)`, with the same parameters.
+  `policy` returns the joint log-probabilities as the masked logits [A] (invalid actions and
+  roles without a valid action: probability 0), so sampling, log-probabilities, the PPO ratio
+  (then exactly the product of the two heads' ratios) and the entropy (of the joint: H(role) +
+  E[H(LLM | role)]) need no other code. Greedy decisions (`greedy_actions`, every greedy caller)
+  take the most probable role, then its most probable LLM; "flat" takes the argmax action.
 """
 from __future__ import annotations
 
@@ -66,12 +84,77 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import jraph
+import numpy as np
 
 from gp_jax.graph import history as history_lib
 
 NEG_INF = -1e9
 ENCODERS = ("garnet", "homogeneous", "gat", "transformer")
 HISTORY_INPUTS = ("sums", "summary")
+POLICY_HEADS = ("flat", "factored")
+
+
+def action_roles(num_actions: int, num_llms: int) -> np.ndarray:
+  """The role index of every action, int32 [A] (index = role x num_llms + llm, mdp.ActionSpace)."""
+  if num_llms < 1 or num_actions % num_llms:
+    raise ValueError(f"{num_actions} actions are not roles x {num_llms} LLMs")
+  return (np.arange(num_actions) // num_llms).astype(np.int32)
+
+
+def _by_role(x, num_llms: int):
+  """[..., A] -> [..., R, K] (actions are role-major: index = role x K + llm)."""
+  A = x.shape[-1]
+  if num_llms < 1 or A % num_llms:
+    raise ValueError(f"{A} actions are not roles x {num_llms} LLMs")
+  return x.reshape(x.shape[:-1] + (A // num_llms, num_llms))
+
+
+def role_readout(hubs, mask, num_llms: int):
+  """[R, d] the mean of each role's valid hub rows (hubs [A, d], mask [A]); 0 for a role without
+  a valid action."""
+  w = _by_role(mask, num_llms).astype(hubs.dtype)                          # [R, K]
+  rows = hubs.reshape(w.shape + hubs.shape[-1:])                            # [R, K, d]
+  return jnp.sum(rows * w[..., None], -2) / jnp.maximum(w.sum(-1), 1.0)[:, None]
+
+
+def factored_log_probs(llm_scores, role_scores, mask, num_llms: int):
+  """Joint log-probabilities [A] of the factored policy, NEG_INF on invalid actions.
+
+  Args:
+    llm_scores: [A] the score of each action's LLM within its role (softmaxed per role over the
+      role's valid actions).
+    role_scores: [R] the score of each role (softmaxed over the roles with a valid action).
+    mask: [A] valid actions.
+    num_llms: K (A = R x K, role-major).
+  """
+  m = _by_role(mask, num_llms)
+  llm = jax.nn.log_softmax(jnp.where(m, _by_role(llm_scores, num_llms), NEG_INF), -1)
+  role = jax.nn.log_softmax(jnp.where(m.any(-1), role_scores, NEG_INF))
+  joint = (role[:, None] + llm).reshape(mask.shape)
+  return jnp.where(mask, joint, NEG_INF)
+
+
+def for_action_space(model, space):
+  """`model` for scoring the actions of `space` (gp_jax.workflow.mdp.ActionSpace): the factored
+  head with that space's LLMs per role (the same parameters: nothing in them counts the LLMs or
+  roles); any other model unchanged. For a router evaluated on another pool than it was trained
+  on (new LLMs: another K)."""
+  if getattr(model, "policy_head", "flat") != "factored":
+    return model
+  return model.clone(num_llms=int(space.num_llms))
+
+
+def greedy_actions(model, logits):
+  """The greedy actions [...] of masked logits [..., A] under `model`'s policy head: "flat" (or
+  any model without one) the argmax action; "factored" the most probable role, then the most
+  probable LLM within it (the role's total probability decides, not its best action's)."""
+  if getattr(model, "policy_head", "flat") != "factored":
+    return jnp.argmax(logits, -1)
+  K = int(model.num_llms)
+  g = _by_role(logits, K)                                                   # [..., R, K]
+  role = jnp.argmax(jax.nn.logsumexp(g, -1), -1)                            # [...]
+  within = jnp.take_along_axis(g, role[..., None, None], -2)[..., 0, :]     # [..., K]
+  return role * K + jnp.argmax(within, -1)
 
 
 class TableTransform(nn.Module):
@@ -247,6 +330,8 @@ class GARNet(nn.Module):
   table: hub features, rows, query). history_input: "sums" (per-hub sums of transformed history
   rows) or "summary" (per-hub summary text embeddings [A, D] passed in place of the sums).
   retrieval_k > 0: the rollout adds k retrieved history rows to each observation.
+  policy_head: one of POLICY_HEADS (module notes); "factored" needs num_llms, the K of the action
+  space it scores (actions role-major; the number of roles may differ from training's).
   """
   hidden: int = 32
   num_layers: int = 2
@@ -262,6 +347,8 @@ class GARNet(nn.Module):
   memory_predictor: bool = False
   predictor_scale: float = 0.0
   predictor_alpha: float = 0.0
+  policy_head: str = "flat"
+  num_llms: int = 0
 
   @property
   def has_memory_term(self) -> bool:
@@ -278,6 +365,10 @@ class GARNet(nn.Module):
       raise ValueError(f"unknown encoder {self.encoder!r}")
     if self.history_input not in HISTORY_INPUTS:
       raise ValueError(f"unknown history input {self.history_input!r}")
+    if self.policy_head not in POLICY_HEADS:
+      raise ValueError(f"unknown policy head {self.policy_head!r}")
+    if self.policy_head == "factored" and self.num_llms < 1:
+      raise ValueError("the factored policy head needs num_llms (LLMs per role) >= 1")
     homogeneous = self.encoder == "homogeneous"
     if homogeneous:
       if self.input_width <= 0:
@@ -307,6 +398,8 @@ class GARNet(nn.Module):
       self.pred_hidden = nn.Dense(self.hidden)
       self.pred_out = nn.Dense(1)
     self.policy_mlp = MLP((self.mlp_hidden, self.hidden), last_scale=0.01)
+    if self.policy_head == "factored":
+      self.role_mlp = MLP((self.mlp_hidden, self.hidden), last_scale=0.01)
     if homogeneous:
       self.value_shared = SharedTransform(self.input_width, self.hidden)
     else:
@@ -339,7 +432,8 @@ class GARNet(nn.Module):
     return h + self.hist_beta * mean
 
   def policy(self, h_hist, obs):
-    """Masked logits [A] for one observation given H_hist [A, d]."""
+    """Masked logits [A] for one observation given H_hist [A, d] (factored head: the joint
+    log-probabilities, module notes)."""
     if self.reads_stats:
       h_hist = h_hist + self.hist_stats(_hub_stats(obs))
     rows, row_hub, row_valid = memory_rows(obs)
@@ -351,10 +445,14 @@ class GARNet(nn.Module):
     for layer in self.layers:
       graph = layer(graph, h_hist.shape[0])
     H = graph.nodes[1:1 + h_hist.shape[0]]
-    z = self.policy_mlp(jnp.concatenate([obs["task"], obs["query"], obs["state"]]))
+    x = jnp.concatenate([obs["task"], obs["query"], obs["state"]])
+    z = self.policy_mlp(x)
     logits = H @ z
     if self.has_memory_term:
       logits = logits + self.memory_term(_hub_stats(obs))
+    if self.policy_head == "factored":
+      role_scores = role_readout(H, obs["mask"], self.num_llms) @ self.role_mlp(x)
+      return factored_log_probs(logits, role_scores, obs["mask"], self.num_llms)
     return jnp.where(obs["mask"], logits, NEG_INF)
 
   def stats_bias(self, hub_stats):

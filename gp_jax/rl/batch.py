@@ -20,6 +20,25 @@ Two layouts of the transitions:
   "grid"    N = E x T, transition (e, t) in slot e x T + t, empty cells padding.
 Padding slots copy the last real transition (finite inputs, so weight 0 removes them exactly).
 
+With gamma = 1 (ppo.gamma) the returns are undiscounted: with gae_lambda = 1 too, a transition's
+advantage is the plain sum of the episode's rewards from its step on minus V(s_t), and its return
+that sum (the episode's remaining reward; every episode ends, so nothing is bootstrapped).
+
+Decision types (DECISION_TYPES; ppo.advantage_norm = "per_type" standardises advantages within
+each): what an observation already holds, its mask and its step, says which kind of choice a
+transition was, given the role kind of every action (action_kinds). The types of the rollout's
+decision statistics (gp_jax/rl/rollout.py), by the same rules:
+  root       the episode's first decision (step 0): the query's choice to split or to answer,
+             whose advantage carries the whole episode;
+  pending    a later decision whose mask holds a planner and an executor (plan or answer a
+             sub-query);
+  summarize  a decision whose mask holds a summarizer (a planned node whose children are
+             answered; a verifier may be allowed beside it);
+  other      every other decision: a node that can no longer be planned, the final answer.
+`decision_types` computes them from the masks and steps (traceable, so GraphPlanner's update
+derives them in its jit from the batch it is given); `with_decision_types` stores them in the
+batch's transitions as decision_type [N].
+
 Also here: the padded batch sizes of GraphPlanner's updates (one size, or a few buckets) and its
 batch from rollout episodes (build_batch).
 """
@@ -39,6 +58,7 @@ from gp_jax.graph import history as history_lib
 from gp_jax.rl import gae as gae_lib
 
 LAYOUTS = ("packed", "grid")
+DECISION_TYPES = ("root", "pending", "summarize", "other")   # module docstring
 EPISODE_FIELDS = ("rewards", "continues", "values")
 MAX_WASTE = 0.25   # buckets: largest padded share of a batch (beyond the smallest sizes)
 
@@ -112,7 +132,8 @@ def build(transitions: Any, rewards: Sequence[Sequence[float]], values: Sequence
 
 def advantages(batch: Batch, gamma: float, gae_lambda: float) -> tuple[chex.Array, chex.Array]:
   """GAE advantages [N] and returns A + V [N] of the batch's transitions (0 for padding), with
-  discount gamma and GAE lambda (the learner's PPOSettings).
+  discount gamma and GAE lambda (the learner's PPOSettings). gamma = gae_lambda = 1: the
+  undiscounted reward-to-go minus the recorded value, and the reward-to-go (module docstring).
 
   Traceable: the learner's jitted update calls it, so GAE runs in the same program as PPO."""
   discounts = gamma * batch.continues
@@ -122,6 +143,39 @@ def advantages(batch: Batch, gamma: float, gae_lambda: float) -> tuple[chex.Arra
   real = tr["weights"] > 0
   a = adv[e, t]
   return jnp.where(real, a, 0.0), jnp.where(real, a + batch.values[e, t], 0.0)
+
+
+def action_kinds(space) -> tuple[str, ...]:
+  """The role kind of every action of an action space (gp_jax.workflow.mdp.ActionSpace), [A]."""
+  return tuple(space.decode(a)[0].kind for a in range(space.size))
+
+
+def decision_types(mask: chex.Array, step: chex.Array, kinds, xp=jnp) -> chex.Array:
+  """The decision type (index into DECISION_TYPES) of each transition, int32 [N]: the one
+  definition, used by the update (traced, xp=jnp) and by the rollout's statistics (xp=np).
+
+  Args:
+    mask: [N, A] the valid actions each decision read (its observation's mask).
+    step: [N] the decision's step in its episode (0: the first).
+    kinds: [A] the role kind of every action (action_kinds), static.
+  """
+  kinds = np.asarray(kinds)
+
+  def allows(kind):
+    return xp.any(mask & (kinds == kind), -1)
+  root, pending, summarize, other = (DECISION_TYPES.index(t)
+                                     for t in ("root", "pending", "summarize", "other"))
+  later = xp.where(allows("planner") & allows("executor"), pending,
+                   xp.where(allows("summarizer"), summarize, other))
+  return xp.where(step == 0, root, later).astype(xp.int32)
+
+
+def with_decision_types(batch: Batch, kinds) -> Batch:
+  """The batch with transitions["decision_type"] [N] (decision_types of its observations' masks
+  and steps; kinds: the role kind of every action). Traceable."""
+  tr = batch.transitions
+  types = decision_types(tr["obs"]["mask"], tr["step"], kinds)
+  return batch.replace(transitions=dict(tr, decision_type=types))
 
 
 # ---- GraphPlanner's batches ----------------------------------------------------------------------

@@ -10,7 +10,9 @@ so each size compiles once) and hands every workflow its decision: action, log-p
 value. Sampled decisions draw with their own key, decision_key(key, ids) of the ids the caller
 gives (say a question's hash and the call's index), so a decision is the same whichever other
 decisions share its batch and in whatever order the workflows arrive: batching changes the speed,
-not the actions. Greedy decisions take the argmax of the masked logits. Each decision may say
+not the actions. Greedy decisions are the policy head's (gp_jax.graph.garnet.greedy_actions: the
+argmax of the masked logits, or with the factored head the most probable role, then its most
+probable LLM). Each decision may say
 which it is (a learning server samples the decisions of its exploring requests only): greedy and
 sampled decisions share one policy call, the choice made per row inside it.
 
@@ -64,8 +66,8 @@ class DecisionBatcher:
     buckets: padded batch sizes (e.g. gp_jax.rl.batch.padding_buckets); at most the largest is
       scored per call.
     key: the sampling key (needed for sampled decisions).
-    greedy: the decisions' default: argmax; else sampled with per-decision keys (`decide` may
-      say otherwise for one decision).
+    greedy: the decisions' default: greedy (the policy head's); else sampled with per-decision
+      keys (`decide` may say otherwise for one decision).
     num_ids: ids per decision (the width of `decide`'s ids).
     prepare: applied to each batch's observations (on the loop), with the extras given to
       `decide`.
@@ -145,7 +147,8 @@ class DecisionBatcher:
       obs: one observation (gp_jax.graph.features layout).
       ids: num_ids integers naming this decision: its sampling key is decision_key(key, ids).
       extra: passed to `prepare` with the observation.
-      greedy: argmax, or sampled (needs the batcher's key); None: the batcher's default.
+      greedy: greedy (the policy head's), or sampled (needs the batcher's key); None: the
+        batcher's default.
     """
     loop = asyncio.get_running_loop()
     ids, greedy = self._ids(ids), self._greedy(greedy)

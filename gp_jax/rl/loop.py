@@ -7,6 +7,18 @@ build one padded batch (GAE in JAX), apply the jitted PPO update, evict history 
 refresh the history hub sums for the new parameters, log, checkpoint. Resuming from `workdir`
 continues from the latest checkpoint (params, optimizer, history memory, PRNG state, counters) and
 reproduces the run.
+
+Each iteration's record goes to metrics.jsonl and, its numbers, to a TensorBoard event file in the
+workdir (gp_jax/util/tb_events.py; step: the training episodes so far). Besides the update's
+metrics and the episodes' means, a record says how the sampling policy decomposes:
+  split_rate      share of the iteration's episodes with at least one Planner call;
+  p_planner_root  mean over its episodes of the probability the first decision's distribution put
+                  on the planner actions (1 in forced-planner episodes: their first mask holds
+                  planners only);
+  entropy/<type>  mean entropy (nats) of the distributions the decisions of that type were drawn
+                  from, types root, pending, summarize, other (gp_jax/rl/rollout.py); None when the
+                  iteration made no decision of the type. (`entropy` is the PPO update's mean over
+                  its transitions.)
 """
 from __future__ import annotations
 
@@ -37,6 +49,7 @@ from gp_jax.rl import rollout
 from gp_jax.types import Query
 from gp_jax.util import aio
 from gp_jax.util import buckets as buckets_lib
+from gp_jax.util import tb_events
 from gp_jax.workflow import env as env_lib
 
 
@@ -47,10 +60,15 @@ class MetricsLog:
   """metrics.jsonl in the workdir; on resume, lines past the restored iteration are dropped.
 
   A run killed while appending can leave a partial last line: it belongs to an iteration past
-  the checkpoint, so it is dropped like the others. A malformed line before it is a DataError."""
+  the checkpoint, so it is dropped like the others. A malformed line before it is a DataError.
+  Every record's numbers also go to a TensorBoard event file beside it (tb_events.EventWriter, at
+  step record["episodes"]), a new file per run or resume (the event files are never rewritten:
+  TensorBoard replaces the points of steps written again). A record that cannot be written to
+  either is a StorageError."""
 
   def __init__(self, path: pathlib.Path, keep_through_iteration: int):
     self.path = path
+    self.events = tb_events.EventWriter(path.parent)
     lines = [l for l in (path.read_text().splitlines() if path.exists() else []) if l.strip()]
     kept = []
     for i, l in enumerate(lines):
@@ -67,6 +85,7 @@ class MetricsLog:
   def write(self, record: dict) -> None:
     with files.storage_errors(self.path, "the training metrics"), self.path.open("a") as f:
       f.write(json.dumps(record, sort_keys=True) + "\n")
+    self.events.scalars(int(record.get("episodes", record.get("iteration", 0))), record)
 
 
 HISTORY_MODES = ("transductive", "inductive", "summary", "retrieval")   # model.history
@@ -106,6 +125,8 @@ class LoopSettings:
       The best state by running reward is kept in memory when it improves and written as "best"
       together with the next "latest", so at most one best write per latest write.
     entropy_stop: the run stops early once the policy entropy of an update falls below this.
+    entropy_stop_min_episodes: ... but not before this many training episodes have run (0: from
+      the first update).
     max_calls: the MDP's bound on one episode's calls (the batch's episode grid).
     history: the history mode (HISTORY_MODES): which memory the decisions read and grow.
     history_capacity: rows the history memory keeps after each update's eviction.
@@ -129,6 +150,7 @@ class LoopSettings:
   background_checkpoints: bool = False
   predictor: bool = False
   force_planner_episodes: int = 0
+  entropy_stop_min_episodes: int = 0
 
   @property
   def iterations(self) -> int:
@@ -153,7 +175,8 @@ class LoopState:
       iteration yet).
     best_running: the highest running reward so far.
     best_iteration: the iteration that reached it (-1: none).
-    stopped_early: the policy entropy fell below settings.entropy_stop.
+    stopped_early: the policy entropy fell below settings.entropy_stop (once at least
+      settings.entropy_stop_min_episodes episodes had run).
     padded_size: with bucket padding, the padded transitions of the updates (0: none yet, or
       fixed padding); kept so that a resumed run pads as the uninterrupted one.
   """
@@ -166,16 +189,19 @@ class LoopState:
   padded_size: int = 0
 
   def advanced(self, it: int, *, episodes: int, episode_return: float, entropy: float,
-               entropy_stop: float, padded_size: int) -> "LoopState":
-    """The state after iteration `it`: its episodes, mean episode return, policy entropy and
-    padded size."""
+               entropy_stop: float, padded_size: int,
+               entropy_stop_min_episodes: int = 0) -> "LoopState":
+    """The state after iteration `it`: its episodes (the run's so far), mean episode return,
+    policy entropy and padded size. The run stops once the entropy is below entropy_stop and at
+    least entropy_stop_min_episodes episodes have run."""
     running = (episode_return if self.running_reward is None
                else 0.9 * self.running_reward + 0.1 * episode_return)
     best = running > self.best_running
     return LoopState(iteration=it, episodes=episodes, running_reward=running,
                      best_running=running if best else self.best_running,
                      best_iteration=it if best else self.best_iteration,
-                     stopped_early=self.stopped_early or entropy < entropy_stop,
+                     stopped_early=self.stopped_early or (
+                         entropy < entropy_stop and episodes >= entropy_stop_min_episodes),
                      padded_size=padded_size)
 
   def record(self) -> dict:
@@ -362,7 +388,8 @@ def _iteration(loop: _Loop, state: ppo.TrainingState, progress: LoopState,
   progress = progress.advanced(it, episodes=it * s.episodes_per_iter + len(episodes),
                                episode_return=ret, entropy=m["entropy"],
                                entropy_stop=s.entropy_stop,
-                               padded_size=0 if loop.buckets is None else size)
+                               padded_size=0 if loop.buckets is None else size,
+                               entropy_stop_min_episodes=s.entropy_stop_min_episodes)
   env = loop.env
   rec = dict(iteration=it, episodes=progress.episodes, episode_return=ret,
              running_reward=progress.running_reward,
@@ -376,9 +403,22 @@ def _iteration(loop: _Loop, state: ppo.TrainingState, progress: LoopState,
              update_compiles=ppo.compile_count(loop.update), **m)
   if s.force_planner_episodes:   # only in runs that force: other runs' records stay as they were
     rec["planner_first"] = int(sum(e.planner_first for e in episodes))
+  rec.update(decision_metrics(episodes))
   # Backend counters (calls, failures by kind, retries...) of real pools, cumulative.
   rec.update({f"pool/{k}": v for k, v in env.pool.stats().items() if isinstance(v, (int, float))})
   return state, progress, rec
+
+
+def decision_metrics(episodes: list[rollout.Episode]) -> dict:
+  """split_rate, p_planner_root and entropy/<type> of a list of episodes (module docstring)."""
+  by_type = {t: [] for t in rollout.DECISION_TYPES}
+  for e in episodes:
+    for t, h in zip(e.decision_types, e.entropies):
+      by_type[t].append(h)
+  out = dict(split_rate=float(np.mean([e.state.planner_calls > 0 for e in episodes])),
+             p_planner_root=float(np.mean([e.p_planner_root for e in episodes])))
+  out.update({f"entropy/{t}": float(np.mean(v)) if v else None for t, v in by_type.items()})
+  return out
 
 
 def _padded_size(loop: _Loop, padded_size: int, n: int) -> int:

@@ -15,6 +15,16 @@ decision of the iteration read, and all transitions use it (no per-transition su
 Given a mesh of several devices (gp_jax/rl/parallel.py) the same update runs as one SPMD program:
 history rows sharded (per-device sums joined by a psum), minibatches split across devices,
 parameters replicated.
+
+Two options for the choice of role (both off by default; they need the learner's action space):
+  role_entropy_coef > 0: the loss also subtracts role_entropy_coef x H(role), the entropy of the
+    role marginal p(r) = sum of p(a) over role r's actions (`role_entropy`, from the masked
+    logits and the static role index of every action), with either policy head, so the policy
+    keeps choosing among the roles (split or answer) while it sharpens among the LLMs.
+  advantage_norm = "per_type": advantages are standardised within each decision type
+    (gp_jax/rl/batch.py, DECISION_TYPES: the episode's first decision, a later one that may plan
+    or answer, a summary, every other) instead of over the whole batch, so the many answering
+    decisions do not set the scale (and the sign) of the few decisions to split or not.
 """
 from __future__ import annotations
 
@@ -25,6 +35,7 @@ import chex
 import flax
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
@@ -39,6 +50,7 @@ VALUE_MODULES = ("value_row", "value_hub", "value_mlp", "value_shared", "value_s
 # (bounded memory; the sums are then added in another order: last-bit differences from one pass).
 ROW_BLOCK = 1 << 19
 SCHEDULES = ("constant", "linear")   # lr_schedule and entropy_schedule
+ADVANTAGE_NORMS = ("batch", "per_type")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,6 +72,10 @@ class PPOSettings:
     entropy_schedule: "constant", or "linear": the coefficient falls to entropy_final_fraction of
       entropy_coef over the run's num_updates updates.
     entropy_stop: GraphPlanner's training stops once the mean policy entropy falls below it.
+    role_entropy_coef: weight of the bonus on the entropy of the role marginal (>= 0; 0: none,
+      and nothing of it is computed; module notes).
+    advantage_norm: "batch" (standardised over the batch's real transitions) or "per_type"
+      (within each decision type; module notes).
   """
   learning_rate: float
   epochs: int
@@ -76,11 +92,15 @@ class PPOSettings:
   entropy_schedule: str = "constant"
   entropy_final_fraction: float = 0.0
   entropy_stop: float = 0.0
+  role_entropy_coef: float = 0.0
+  advantage_norm: str = "batch"
 
   def __post_init__(self):
     for key in ("lr_schedule", "entropy_schedule"):
       if getattr(self, key) not in SCHEDULES:
         raise errors.unknown_name(f"ppo.{key}", getattr(self, key), SCHEDULES)
+    if self.advantage_norm not in ADVANTAGE_NORMS:
+      raise errors.unknown_name("ppo.advantage_norm", self.advantage_norm, ADVANTAGE_NORMS)
     checks = [(self.epochs >= 1, "epochs >= 1"),
               (self.num_minibatches >= 1, "num_minibatches >= 1"),
               (0 < self.clip_eps < 1, "0 < clip_eps < 1"),
@@ -88,6 +108,7 @@ class PPOSettings:
               (0 <= self.gamma <= 1, "0 <= gamma <= 1"),
               (0 <= self.gae_lambda <= 1, "0 <= gae_lambda <= 1"),
               (self.entropy_coef >= 0, "entropy_coef >= 0"),
+              (self.role_entropy_coef >= 0, "role_entropy_coef >= 0"),
               (self.max_grad_norm >= 0, "max_grad_norm >= 0 (0: no clipping)"),
               (self.value_lr_multiplier > 0, "value_lr_multiplier > 0"),
               (0 <= self.lr_final_fraction <= 1, "0 <= lr_final_fraction <= 1"),
@@ -95,6 +116,12 @@ class PPOSettings:
     for ok, what in checks:
       if not ok:
         raise errors.ConfigError(f"invalid PPO settings: need ppo.{what}")
+
+  @property
+  def reads_space(self) -> bool:
+    """The update reads the action space: the role of each action (role_entropy_coef > 0) or
+    the role kinds (advantage_norm "per_type")."""
+    return self.role_entropy_coef > 0 or self.advantage_norm == "per_type"
 
   def lr_decay_steps(self, num_updates: int) -> int:
     """Gradient steps of the linear lr decay over a run of num_updates updates (0 = constant)."""
@@ -147,19 +174,36 @@ def make_optimizer(settings: PPOSettings, *, num_updates: int = 1,
 
 
 def entropy_of(logits, mask):
+  """[...] the entropy of the policy of masked logits [..., A] over its valid actions (mask)."""
   logp = jax.nn.log_softmax(logits)
   p = jnp.exp(logp)
   return -jnp.sum(jnp.where(mask, p * logp, 0.0), -1)
 
 
+def role_entropy(logits, action_roles):
+  """[...] the entropy of the role marginal of the policy of masked logits [..., A]: p(r) = sum
+  of p(a) over the actions with action_roles[a] = r (action_roles: static int [A]); roles of
+  probability 0 add nothing."""
+  roles = np.asarray(action_roles)
+  onehot = jnp.asarray(roles[:, None] == np.arange(int(roles.max()) + 1)[None], logits.dtype)
+  p = jax.nn.softmax(logits) @ onehot                                       # [..., R]
+  safe = jnp.where(p > 0, p, 1.0)
+  return -jnp.sum(p * jnp.log(safe), -1)
+
+
 def ppo_loss(logits: chex.Array, values: chex.Array, actions: chex.Array, old_logp: chex.Array,
              advantages: chex.Array, returns: chex.Array, mask: chex.Array, weights: chex.Array, *,
-             clip_eps: float, value_coef: float, entropy_coef: float):
+             clip_eps: float, value_coef: float, entropy_coef: float,
+             role_entropy_coef: float = 0.0, action_roles=None):
   """Clipped PPO loss over a batch.
 
   Args:
     logits: [B, A] masked logits. values: [B]. actions, old_logp, advantages, returns: [B].
     mask: [B, A] valid actions. weights: [B] 1 for real transitions, 0 for padding.
+    role_entropy_coef: weight of the role-marginal entropy bonus (a Python float; 0: the loss
+      is the plain one, nothing computed).
+    action_roles: static int [A], the role of every action (needed when role_entropy_coef > 0;
+      given, the metrics also hold role_entropy).
   Returns:
     (loss, metrics dict).
   """
@@ -175,8 +219,18 @@ def ppo_loss(logits: chex.Array, values: chex.Array, actions: chex.Array, old_lo
   loss = policy_loss + value_coef * value_loss - entropy_coef * entropy
   clipfrac = jnp.sum((jnp.abs(ratio - 1) > clip_eps) * weights) / n
   approx_kl = jnp.sum((old_logp - logp) * weights) / n
-  return loss, dict(loss=loss, policy_loss=policy_loss, value_loss=value_loss, entropy=entropy,
-                    clipfrac=clipfrac, approx_kl=approx_kl, ratio_mean=jnp.sum(ratio * weights) / n)
+  metrics = dict(loss=loss, policy_loss=policy_loss, value_loss=value_loss, entropy=entropy,
+                 clipfrac=clipfrac, approx_kl=approx_kl, ratio_mean=jnp.sum(ratio * weights) / n)
+  if role_entropy_coef < 0:
+    raise ValueError(f"role_entropy_coef must be >= 0, got {role_entropy_coef}")
+  if role_entropy_coef > 0 and action_roles is None:
+    raise ValueError("the role entropy bonus needs the role of every action (action_roles)")
+  if action_roles is not None:
+    h_role = jnp.sum(role_entropy(logits, action_roles) * weights) / n
+    if role_entropy_coef > 0:
+      loss = loss - role_entropy_coef * h_role
+    metrics.update(loss=loss, role_entropy=h_role)
+  return loss, metrics
 
 
 def history_chunk_sums(model: garnet_lib.GARNet, params, hist: dict, num_chunks: int, num_hubs: int,
@@ -274,6 +328,34 @@ def normalize_advantages(advantages: chex.Array, weights: chex.Array) -> chex.Ar
   return (advantages - mean) / (std + 1e-8)
 
 
+def normalize_advantages_per_type(advantages: chex.Array, weights: chex.Array, types: chex.Array,
+                                  num_types: int) -> chex.Array:
+  """[N] advantages standardised within each type (types [N] in [0, num_types)) over its real
+  transitions (weights [N]): each type with real transitions gets weighted mean 0 and std 1 (a
+  type whose advantages are all equal, e.g. one transition, gets 0)."""
+  def per_type(x):
+    return jax.ops.segment_sum(x, types, num_types)
+  n = jnp.maximum(per_type(weights), 1.0)
+  mean = per_type(advantages * weights) / n
+  centred = advantages - mean[types]
+  std = jnp.sqrt(per_type(jnp.square(centred) * weights) / n)
+  return centred / (std[types] + 1e-8)
+
+
+def standardized_advantages(advantages: chex.Array, transitions: dict,
+                            settings: PPOSettings) -> chex.Array:
+  """The advantages the PPO loss reads: normalize_advantages over the batch (advantage_norm
+  "batch"), or per decision type (transitions["decision_type"], batch_lib.with_decision_types)."""
+  weights = transitions["weights"]
+  if settings.advantage_norm == "batch":
+    return normalize_advantages(advantages, weights)
+  if "decision_type" not in transitions:
+    raise ValueError("ppo.advantage_norm='per_type' needs the decision type of every transition "
+                     "(batch_lib.with_decision_types)")
+  return normalize_advantages_per_type(advantages, weights, transitions["decision_type"],
+                                       len(batch_lib.DECISION_TYPES))
+
+
 def predictor_loss(model: garnet_lib.GARNet, params, hist: dict):
   """GARNet's memory predictor's regression loss (model.memory_predictor): the weighted mean of
   0.5 (U(s_i) - y_i)^2 over the history rows' examples (history.predictor_pairs in hist)."""
@@ -286,13 +368,15 @@ def predictor_loss(model: garnet_lib.GARNet, params, hist: dict):
 def learn(forward: Forward, optimizer: optax.GradientTransformation, settings: PPOSettings,
           params, opt_state, key: jax.Array, batch: batch_lib.Batch, *,
           entropy_coef: chex.Array, constrain: Callable[[Any], Any] | None = None,
-          aux_loss: Callable[[Any], tuple[jax.Array, dict]] | None = None):
+          aux_loss: Callable[[Any], tuple[jax.Array, dict]] | None = None,
+          action_roles=None):
   """The PPO update of every learner here (call it inside the learner's jit).
 
   GAE over the batch's episodes (batch_lib.advantages), advantages standardised over the real
-  transitions, then settings.epochs passes, each over a fresh permutation of the N transitions
-  cut into settings.num_minibatches minibatches, one clipped-PPO gradient step per minibatch
-  (nested lax.scan).
+  transitions (settings.advantage_norm "per_type": within each decision type, read from the
+  batch's decision_type), then settings.epochs passes, each over a fresh permutation of the N
+  transitions cut into settings.num_minibatches minibatches, one clipped-PPO gradient step per
+  minibatch (nested lax.scan).
 
   Args:
     forward: forward(params, minibatch transitions) -> (masked logits [B, A], values [B],
@@ -306,12 +390,16 @@ def learn(forward: Forward, optimizer: optax.GradientTransformation, settings: P
       (sharding constraints of a data-parallel update).
     aux_loss: aux_loss(params) -> (loss, metrics), added to every minibatch's loss (a supervised
       head trained beside the policy: GARNet's memory predictor).
+    action_roles: static int [A], the role of every action (settings.role_entropy_coef > 0).
   Returns:
     (params, opt_state, metrics averaged over all steps: ppo_loss's, and grad_norm).
   """
   adv, returns = batch_lib.advantages(batch, settings.gamma, settings.gae_lambda)
-  data = dict(batch.transitions, advantages=normalize_advantages(adv, batch.transitions["weights"]),
-              returns=returns)
+  data = dict(batch.transitions, returns=returns,
+              advantages=standardized_advantages(adv, batch.transitions, settings))
+  role_kw = {}
+  if settings.role_entropy_coef > 0:
+    role_kw = dict(role_entropy_coef=settings.role_entropy_coef, action_roles=action_roles)
   n = data["actions"].shape[0]
   mb_size = n // settings.num_minibatches
 
@@ -319,7 +407,7 @@ def learn(forward: Forward, optimizer: optax.GradientTransformation, settings: P
     logits, values, mask = forward(params, mb)
     loss, metrics = ppo_loss(logits, values, mb["actions"], mb["old_logp"], mb["advantages"],
                              mb["returns"], mask, mb["weights"], clip_eps=settings.clip_eps,
-                             value_coef=settings.value_coef, entropy_coef=entropy_coef)
+                             value_coef=settings.value_coef, entropy_coef=entropy_coef, **role_kw)
     if aux_loss is not None:
       extra, extra_metrics = aux_loss(params)
       loss = loss + extra
@@ -349,7 +437,7 @@ def learn(forward: Forward, optimizer: optax.GradientTransformation, settings: P
 
 def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransformation,
                    settings: PPOSettings, *, num_updates: int = 1, num_chunks: int | None = None,
-                   max_traces: int | None = None, mesh=None):
+                   max_traces: int | None = None, mesh=None, space=None):
   """GARNet's update: update(state, hub_features, hist, batch) -> (state, metrics), jitted once
   per shape; `learn` with GARNet's forward pass (forward_batch).
 
@@ -368,8 +456,19 @@ def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransforma
   episodes and the rest replicated -- and returns replicated state; N / num_minibatches must then
   be a multiple of the mesh size, and the history row count too (parallel.pad_rows). One device
   (or None): the plain jitted function, bit for bit the unsharded program.
+  space: the action space (gp_jax.workflow.mdp.ActionSpace) whose roles and kinds
+  settings.role_entropy_coef > 0 and advantage_norm "per_type" read (module notes); the decision
+  types are then derived in the update from each observation's mask and step
+  (batch_lib.with_decision_types).
   """
   sharded = parallel.is_sharded(mesh)
+  action_roles = kinds = None
+  if settings.reads_space:
+    if space is None:
+      raise ValueError("ppo.role_entropy_coef > 0 and ppo.advantage_norm='per_type' read the "
+                       "action space: pass space")
+    action_roles = garnet_lib.action_roles(space.size, space.num_llms)
+    kinds = batch_lib.action_kinds(space)
   decay_updates = settings.entropy_decay_updates(num_updates)
 
   def chunks_of(batch) -> int:
@@ -380,6 +479,8 @@ def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransforma
 
   def update(state: TrainingState, hub_features, hist, batch: batch_lib.Batch):
     chunks = chunks_of(batch)
+    if settings.advantage_norm == "per_type":
+      batch = batch_lib.with_decision_types(batch, kinds)
 
     def forward(params, mb):
       logits, values = forward_batch(model, params, hub_features, hist, mb, chunks, mesh)
@@ -392,7 +493,8 @@ def make_update_fn(model: garnet_lib.GARNet, optimizer: optax.GradientTransforma
       aux = lambda params: predictor_loss(model, params, hist)   # noqa: E731
     params, opt_state, metrics = learn(forward, optimizer, settings, state.params, state.opt_state,
                                        key, batch, entropy_coef=ent_coef,
-                                       constrain=constrain if sharded else None, aux_loss=aux)
+                                       constrain=constrain if sharded else None, aux_loss=aux,
+                                       action_roles=action_roles)
     metrics["param_norm"] = optax.global_norm(params)
     metrics["entropy_coef"] = ent_coef
     return TrainingState(params, opt_state, rng, state.update_step + 1), metrics

@@ -18,6 +18,19 @@ as in training and keeps it within its capacity as they join (see `run_episodes`
 Forced planners (training's force_planner_episodes): the first `planner_first` queries' episodes
 decide their first step among the planners only (mdp.planner_only); the observation stores that
 mask, so the decision's log-probability and the PPO update's ratio are both under it.
+Decision statistics (training's metrics, gp_jax/rl/loop.py): every decision records the entropy
+of the distribution its action was drawn from (the softmax of the masked logits, over the valid
+actions) and its type, read from the state and the mask at decision time (`decision_type`):
+  root       the episode's first decision (at the query itself);
+  pending    a later decision at a pending node that may still be planned: the mask holds a
+             planner and an executor action (plan or execute is open);
+  summarize  a decision at a planned node whose children are answered: the mask holds a
+             summarizer action (summarise, or verify first where a verifier is allowed);
+  other      every other decision: a pending node that can no longer be planned (planner budget
+             spent, depth limit, Phase 1's fixed structure) and the root's final answer after its
+             summary.
+The first decision also records the probability its distribution puts on the planner actions
+(Episode.p_planner_root; 1 in a forced-planner episode, whose first mask holds planners only).
 """
 from __future__ import annotations
 
@@ -35,6 +48,7 @@ from jax.sharding import PartitionSpec as P
 from gp_jax.graph import features as features_lib
 from gp_jax.graph import garnet as garnet_lib
 from gp_jax.graph import history as history_lib
+from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import parallel
 from gp_jax.types import Query
 from gp_jax.workflow import env as env_lib
@@ -81,12 +95,12 @@ class PolicyRunner:
     def act(params, hub_features, hub_sum, hub_count, obs, key, greedy):
       logits, values = scores(params, hub_features, hub_sum, hub_count, obs)
       sampled = jax.random.categorical(key, logits)
-      return _chosen(logits, sampled, greedy) + (values,)
+      return _chosen(logits, sampled, greedy, model) + (values, jax.nn.softmax(logits))
 
     def act_each(params, hub_features, hub_sum, hub_count, obs, key, ids, greedy):
       logits, values = scores(params, hub_features, hub_sum, hub_count, obs)
       sampled = jax.vmap(lambda i, l: jax.random.categorical(decision_key(key, i), l))(ids, logits)
-      return _chosen(logits, sampled, greedy) + (values,)
+      return _chosen(logits, sampled, greedy, model) + (values,)
 
     def rows_fn(params, rows, hubs):
       h = model.apply({"params": params}, rows, method=model.history_rows)
@@ -221,10 +235,20 @@ class PolicyRunner:
   def act(self, obs: dict, key, greedy: bool):
     """Actions [B], their log-probabilities [B] and values [B] of a batch of observations; the
     sampled actions draw one categorical over the whole batch with `key` (a rollout's lock-step)."""
-    obs = self.with_stats(obs)
-    a, lp, v = self._act(self.params, self.hub_features, self.hub_sum, self.hub_count, obs, key,
-                         jnp.asarray(greedy))
+    a, lp, v, _ = self._act_device(obs, key, greedy)
     return np.asarray(a), np.asarray(lp), np.asarray(v)
+
+  def act_with_probs(self, obs: dict, key, greedy: bool):
+    """As `act`, plus the probabilities [B, A] the actions were drawn from (the softmax of the
+    masked logits; greedy actions are their argmax): what the decision statistics read."""
+    return tuple(np.asarray(x) for x in self._act_device(obs, key, greedy))
+
+  def _act_device(self, obs: dict, key, greedy: bool) -> tuple:
+    """The jitted policy call of `act`: (actions, log-probabilities, values, probabilities), on
+    the device."""
+    obs = self.with_stats(obs)
+    return self._act(self.params, self.hub_features, self.hub_sum, self.hub_count, obs, key,
+                     jnp.asarray(greedy))
 
   def decision_inputs(self) -> tuple:
     """A copy of what `act` reads besides the observations (parameters, hub features, history
@@ -254,10 +278,11 @@ def decision_key(key: jax.Array, ids: jax.Array) -> jax.Array:
   return key
 
 
-def _chosen(logits, sampled, greedy):
-  """(actions [B], their log-probabilities [B]): argmax of the masked logits when greedy, else
-  the sampled actions."""
-  actions = jnp.where(greedy, jnp.argmax(logits, -1), sampled)
+def _chosen(logits, sampled, greedy, model=None):
+  """(actions [B], their log-probabilities [B]): the greedy actions of the model's policy head
+  when greedy (garnet.greedy_actions: flat, the argmax of the masked logits), else the sampled
+  actions."""
+  actions = jnp.where(greedy, garnet_lib.greedy_actions(model, logits), sampled)
   logp = jnp.take_along_axis(jax.nn.log_softmax(logits), actions[:, None], 1)[:, 0]
   return actions, logp
 
@@ -278,6 +303,11 @@ class Episode:
   snapshots: list = dataclasses.field(default_factory=list)
   utility: float = 0.0
   planner_first: bool = False   # the first decision was among the planners only
+  # Decision statistics (module docstring): per decision its type and the entropy of the
+  # distribution it was drawn from; the planner probability of the first decision.
+  decision_types: list = dataclasses.field(default_factory=list)
+  entropies: list = dataclasses.field(default_factory=list)
+  p_planner_root: float = float("nan")
 
   def decision_mask(self, env: env_lib.WorkflowEnv) -> np.ndarray:
     """The valid actions of the next decision, bool [A]: the env's, restricted to the planners at
@@ -290,6 +320,24 @@ class Episode:
   @property
   def episode_return(self) -> float:
     return float(sum(self.rewards))
+
+
+DECISION_TYPES = ("root", "pending", "summarize", "other")
+
+
+def decision_type(steps: int, mask: np.ndarray, space: mdp.ActionSpace) -> str:
+  """The type of a decision (module docstring) taken after `steps` calls of its episode under
+  the valid actions `mask` [A]."""
+  kind = batch_lib.decision_types(np.asarray(mask, bool)[None], np.array([steps]),
+                                  batch_lib.action_kinds(space), xp=np)[0]
+  return batch_lib.DECISION_TYPES[int(kind)]
+
+
+def entropy(probs: np.ndarray, mask: np.ndarray) -> float:
+  """The entropy (nats) of the distribution `probs` [A] over its valid actions `mask` [A]."""
+  p = np.asarray(probs, np.float64)[np.asarray(mask, bool)]
+  p = p[p > 0]
+  return float(-np.sum(p * np.log(p)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -391,8 +439,12 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
         o["hub_stats"] = table
     offset = sum(in_flight[:jax.process_index()]) if shard is not None else 0
     batch = features_lib.stack([obs[0]] * offset + obs, pad_to=runner.batch_size)
-    actions, logp, values = runner.act(batch, jax.random.fold_in(key, step), greedy)
-    actions, logp, values = actions[offset:], logp[offset:], values[offset:]
+    actions, logp, values, probs = runner.act_with_probs(batch, jax.random.fold_in(key, step),
+                                                         greedy)
+    actions, logp, values, probs = (actions[offset:], logp[offset:], values[offset:],
+                                    probs[offset:])
+    for j, (_, (_, ep)) in enumerate(live):   # before the steps change the states
+      _record_decision(ep, probs[j], obs[j]["mask"], env.space)
     step += 1
     snap = history.snapshot() if history is not None else 0
     results = await asyncio.gather(*[
@@ -432,6 +484,18 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
         if runner.summary:   # the per-hub summary text follows the memory
           runner.set_params(runner.params, history)
   return [done[i] for i in range(len(queries))]
+
+
+def _record_decision(ep: Episode, probs: np.ndarray, mask: np.ndarray,
+                     space: mdp.ActionSpace) -> None:
+  """Adds a decision's type and entropy to its episode (and, at its first decision, the
+  probability on the planner actions), from the probabilities [A] its action was drawn from."""
+  kind = decision_type(ep.state.steps, mask, space)
+  ep.decision_types.append(kind)
+  ep.entropies.append(entropy(probs, mask))
+  if kind == "root":
+    planners = np.asarray(mask, bool) & space.kind_mask(["planner"])
+    ep.p_planner_root = float(np.sum(np.asarray(probs, np.float64)[planners]))
 
 
 def row_utility(env: env_lib.WorkflowEnv, ep: Episode, runner: PolicyRunner) -> float:

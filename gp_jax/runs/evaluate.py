@@ -1,4 +1,4 @@
-"""Evaluation of routers: per-domain accuracy, $ cost, reward and LLM calls per query.
+"""Evaluation of routers: per-domain accuracy, $ cost, reward, LLM calls per query and splits.
 
 Compares the trained router (greedy), a uniformly random valid policy, every single-LLM
 executor-only policy and, on the simulator, the exact optimum. On the simulator the reported
@@ -9,6 +9,13 @@ which removes the simulator's sampling noise; accuracy is the realised one.
 simulated queries get sampled rewards (scored answers) and no optimum, since the simulator's
 expectations say nothing about real answers. The report says which reward it shows, and the
 pool's counters over the evaluation (requests, faults by kind, retries, failed calls).
+
+Splits: every row has its policy's split rate, the share of the test queries on which it made at
+least one Planner call. Where the optimum is computed, the router's rows also have its split
+recall (of the queries the optimum splits, the share the router splits too) and precision (of
+the queries the router splits, the share the optimum splits too); None ("—" in eval.md) where
+the denominator is 0. The report's numbers also go to a TensorBoard event file beside it
+(gp_jax/util/tb_events.py).
 """
 from __future__ import annotations
 
@@ -25,9 +32,11 @@ from gp_jax import files
 from gp_jax import progress as progress_lib
 from gp_jax.rl import rollout
 from gp_jax.runs import system as system_lib
-from gp_jax.sim.scoring import Row, episode_stats, optimum_rows, summarize  # noqa: F401
+from gp_jax.sim import optimal
+from gp_jax.sim.scoring import Row, episode_stats, optimum_rows, split, summarize  # noqa: F401
 from gp_jax.types import Query
 from gp_jax.util import aio
+from gp_jax.util import tb_events
 from gp_jax.workflow import env as env_lib
 from gp_jax.workflow import mdp
 from gp_jax.workflow import policies
@@ -122,13 +131,14 @@ def evaluate(system: system_lib.System, alpha: float, *, router=None, baselines:
   bar = _EvalProgress(len(names), len(queries)) if progress and names else None
   run_env = (lambda name: bar.env(env, name)) if bar else (lambda name: env)
   rows: list[Row] = []
+  router_states = None
   if router is not None:
     model, params, history = router
     name = ROUTER + (ONLINE_LABEL if online_history else "")
-    rows += summarize(name, system, env, queries,
-                      run_router(system, run_env(name), model, params, history, queries,
-                                 parallel=parallel, seed=seed, online=online_history,
-                                 recent_rows=online_recent_rows))
+    router_states = run_router(system, run_env(name), model, params, history, queries,
+                               parallel=parallel, seed=seed, online=online_history,
+                               recent_rows=online_recent_rows)
+    rows += summarize(name, system, env, queries, router_states)
   if baselines:
     rows += summarize("random", system, env, queries,
                       policies.run_policy(run_env("random"), policies.random_policy, queries,
@@ -139,26 +149,75 @@ def evaluate(system: system_lib.System, alpha: float, *, router=None, baselines:
                                             policies.single_llm_policy(system.space, llm),
                                             queries, seed=seed))
   if optimum:
-    rows += optimum_rows("optimum (DP)", system, run_env("optimum (DP)"), queries, seed=seed)
+    opt_env = run_env("optimum (DP)")
+    opt_states = optimum_states(system, opt_env, queries, seed=seed)
+    rows += summarize("optimum (DP)", system, opt_env, queries, opt_states)
+    if router_states is not None:
+      rows = with_split_agreement(rows, name, queries, router_states, opt_states)
   if bar:
     bar.bar.close()
   return rows
+
+
+def optimum_states(system, env: env_lib.WorkflowEnv, queries: list[Query], *, seed: int) -> list:
+  """Final states of the exact DP optimum (simulator only) followed through the MDP on `env`."""
+  solver = optimal.OptimalSolver(system.world, system.space, system.mdp_cfg, env.alpha,
+                                 system.describe)
+  return policies.run_policy(env, policies.oracle_policy(optimal.OraclePolicy(solver)), queries,
+                             seed=seed)
+
+
+def split_agreement(router: list[bool], optimum: list[bool]) -> tuple[float | None, float | None]:
+  """(recall, precision) of per-query split flags against the optimum's: recall = queries both
+  split / queries the optimum splits, precision = queries both split / queries the router splits;
+  None where the denominator is 0."""
+  if len(router) != len(optimum):
+    raise ValueError(f"{len(router)} router flags against {len(optimum)} optimum flags")
+  both = sum(r and o for r, o in zip(router, optimum))
+  n_opt, n_router = sum(map(bool, optimum)), sum(map(bool, router))
+  return (both / n_opt if n_opt else None), (both / n_router if n_router else None)
+
+
+def with_split_agreement(rows: list[Row], policy: str, queries: list[Query], states,
+                         opt_states) -> list[Row]:
+  """`rows` with the split recall and precision of `policy`'s rows (per domain and "all") against
+  the optimum's splits on the same queries (states, opt_states: the final states of the policy's
+  and the optimum's episodes, in query order)."""
+  router = [split(s) for s in states]
+  opt = [split(s) for s in opt_states]
+  out = []
+  for r in rows:
+    if r.policy == policy:
+      keep = [i for i, q in enumerate(queries) if r.domain in ("all", q.domain)]
+      recall, precision = split_agreement([router[i] for i in keep], [opt[i] for i in keep])
+      r = dataclasses.replace(r, split_recall=recall, split_precision=precision)
+    out.append(r)
+  return out
 
 
 def overall(rows: list[Row]) -> dict[str, Row]:
   return {r.policy: r for r in rows if r.domain == "all"}
 
 
+def _share(x: float | None) -> str:
+  """A share in a table cell: two decimals, "—" where there is none."""
+  return "—" if x is None else f"{x:.2f}"
+
+
 def format_table(rows: list[Row], alpha: float) -> str:
-  """Markdown tables: one per domain, policies as rows."""
+  """Markdown tables: one per domain, policies as rows (split recall and precision: the router's
+  splits against the optimum's, "—" for other policies and where undefined)."""
   out = []
   domains = sorted({r.domain for r in rows}, key=lambda d: (d == "all", d))
   for d in domains:
     out.append(f"\n### {d} (alpha = {alpha})\n")
-    out.append("| policy | n | accuracy | cost (m$) | reward | calls/query |")
-    out.append("|---|---|---|---|---|---|")
+    out.append("| policy | n | accuracy | cost (m$) | reward | calls/query | split rate "
+               "| split recall | split precision |")
+    out.append("|---|---|---|---|---|---|---|---|---|")
     for r in sorted((r for r in rows if r.domain == d), key=lambda r: -r.reward):
-      out.append(f"| {r.policy} | {r.n} | {r.accuracy:.3f} | {r.cost:.3f} | {r.reward:.3f} | {r.calls:.2f} |")
+      out.append(f"| {r.policy} | {r.n} | {r.accuracy:.3f} | {r.cost:.3f} | {r.reward:.3f} | "
+                 f"{r.calls:.2f} | {_share(r.split_rate)} | {_share(r.split_recall)} | "
+                 f"{_share(r.split_precision)} |")
   return "\n".join(out)
 
 
@@ -188,6 +247,13 @@ REWARD_KINDS = {
 }
 
 
+SPLIT_NOTE = ("Split rate: share of the queries with at least one Planner call; split recall and "
+              "precision: the router's splits against the optimum's (recall: of the queries the "
+              "optimum splits, the share the router splits too; precision: of the queries the "
+              "router splits, the share the optimum splits too; — where not computed or the "
+              "denominator is 0).")
+
+
 def pool_counters(before: dict, after: dict) -> dict:
   """The numeric pool counters (LLMPool.stats()) accumulated between two snapshots: calls, ok,
   failed, retries, errors/<kind>, faults/<kind>, requests/<replica>, tokens, cost..."""
@@ -212,10 +278,12 @@ def format_pool(counters: dict) -> str:
 
 
 def write(rows: list[Row], alpha: float, path: str | pathlib.Path, *, simulated: bool,
-          pool: dict | None = None) -> dict:
+          pool: dict | None = None, step: int = 0) -> dict:
   """Writes <path>.json and <path>.md: the rows, the verdict, which reward the rows hold
   (`simulated`: expected under the simulator, else sampled) and the pool counters; returns the
-  verdict."""
+  verdict. The numbers of the "all" rows and of the verdict also go to a TensorBoard event file
+  in path's folder at `step`, tags <path's name>/<policy>/<column> and <path's name>/verdict/<key>
+  (the report's one event file, replaced as the report is: tb_events.replace_report)."""
   path = pathlib.Path(path)
   v = verdict(rows)
   pool = dict(pool or {})
@@ -223,7 +291,14 @@ def write(rows: list[Row], alpha: float, path: str | pathlib.Path, *, simulated:
       dict(alpha=alpha, simulated=simulated, reward=REWARD_KINDS[simulated], verdict=v,
            rows=[dataclasses.asdict(r) for r in rows], pool=pool), indent=1),
       "the evaluation report")
-  md = (f"Reward: {REWARD_KINDS[simulated]}.\n" + format_table(rows, alpha) + "\n" +
-        format_pool(pool) + "\n")
+  md = (f"Reward: {REWARD_KINDS[simulated]}.\n{SPLIT_NOTE}\n" + format_table(rows, alpha) + "\n"
+        + format_pool(pool) + "\n")
   files.write_atomic(path.with_suffix(".md"), md, "the evaluation report")
+  numbers = tb_events.numbers(v, f"{path.name}/verdict/")
+  for r in rows:
+    if r.domain == "all":
+      numbers.update(tb_events.numbers(
+          {k: x for k, x in dataclasses.asdict(r).items() if k not in ("policy", "domain")},
+          f"{path.name}/{r.policy}/"))
+  tb_events.replace_report(path.parent, path.name, step, numbers)
   return v

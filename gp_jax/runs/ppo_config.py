@@ -4,6 +4,11 @@ the Router-R1-style router's settings in a sweep.
 The run layer's one reading of `config.ppo` (gp_jax.rl.ppo.PPOSettings), and the sizes the
 library's learner takes explicitly: the run's number of updates (schedules), the MDP's call bound
 and the padded batch size of an update over a number of episodes.
+
+Options of the choice of role, off by default (gp_jax/rl/ppo.py module notes):
+ppo.role_entropy_coef (a bonus on the entropy of the role marginal) and ppo.advantage_norm =
+"per_type" (advantages standardised per decision type); the update reads the system's action
+space for them.
 """
 from __future__ import annotations
 
@@ -25,7 +30,8 @@ def ppo_settings(config) -> ppo.PPOSettings:
       lr_schedule=p.lr_schedule, lr_final_fraction=float(p.lr_final_fraction),
       entropy_schedule=p.entropy_schedule,
       entropy_final_fraction=float(p.entropy_final_fraction),
-      entropy_stop=float(p.entropy_stop))
+      entropy_stop=float(p.entropy_stop), role_entropy_coef=float(p.role_entropy_coef),
+      advantage_norm=str(p.advantage_norm))
 
 
 def router_r1_settings(config) -> ppo.PPOSettings:
@@ -59,14 +65,18 @@ def max_calls(system) -> int:
                                   verifier=bool(roles.indices_of_kind("verifier")))
 
 
-def make_update(config, system, model, optimizer, episodes: int, mesh=None):
+def make_update(config, system, model, optimizer, episodes: int, mesh=None, *,
+                calls: int | None = None):
   """(jitted PPO update, padded batch size) for updates over `episodes` episodes of `system`.
 
-  mesh: the learner's device mesh (gp_jax.runs.train.make_mesh); None = one device."""
+  mesh: the learner's device mesh (gp_jax.runs.train.make_mesh); None = one device.
+  calls: the bound on one episode's calls the batch must hold (default max_calls(system); a
+  Phase-1 warm start may need more)."""
   settings = ppo_settings(config)
-  batch_size = batch_lib.batch_size_for(episodes, max_calls(system), settings.num_minibatches,
+  calls = max_calls(system) if calls is None else int(calls)
+  batch_size = batch_lib.batch_size_for(episodes, calls, settings.num_minibatches,
                                         mesh.size if mesh is not None else 1)
   # num_chunks follows the padded size (batch_size + 1 with fixed padding; per bucket otherwise).
   update = ppo.make_update_fn(model, optimizer, settings, num_updates=num_updates(config),
-                              num_chunks=None, mesh=mesh)
+                              num_chunks=None, mesh=mesh, space=system.space)
   return update, batch_size

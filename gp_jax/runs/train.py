@@ -4,10 +4,24 @@ Reads the config tree (model, PPO, loop, devices, processes), checks the workdir
 builds the system and the learner's pieces, and calls `rl.loop.train` with them; `load_router`
 restores a trained router the same way. Every runner that trains (experiments/train.py, the
 sweep, the studies, serving) comes through here.
+
+Phase-1 warm start (train.phase1_episodes = N > 0, off by default): the run's first
+ceil(N / train.episodes_per_iter) iterations -- whole iterations, so at least N episodes, counted
+in train.episodes -- run the paper's fixed Phase-1 workflow (depth train.phase1_depth, width
+train.phase1_width: nodes above that depth plan with that width, nodes at it execute, the router
+picks only the LLMs; gp_jax/workflow/mdp.py), and every later iteration runs Phase 2 (the
+config's MDP). The environment's MDP is switched before each iteration's rollouts (the loop's
+before_iteration hook), so a resumed run switches where the uninterrupted one did. The batches
+hold the longer of the two workflows. The running reward of a Phase-1 iteration is not that of a
+Phase-2 one, so, as under train.pool_perturb, `load_router` loads the latest checkpoint, not the
+best.
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 import pathlib
+from typing import Callable
 
 import jax
 
@@ -22,6 +36,7 @@ from gp_jax.runs import ppo_config
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import workdir as workdir_config
 from gp_jax.sim import perturb as perturb_lib
+from gp_jax.workflow import mdp
 
 # Config fields a resumed training run may change (gp_jax/runs/workdir.py).
 TRAIN_CONFIG_FREE = ("sweep", "study", "eval", "train.checkpoint_every", "parallel")
@@ -53,12 +68,15 @@ def recorded_row_layout(config, workdir) -> int:
 
 
 def make_model(config, spec: features_lib.FeatureSpec | None = None, *,
-               layout: int | None = None) -> garnet_lib.GARNet:
+               layout: int | None = None, num_llms: int | None = None) -> garnet_lib.GARNet:
   """The GARNet (or ablation) of config.model: encoder, history mode, retrieval_k, heads, row
-  layout (`layout` overrides config.model.row_layout: a trained workdir's recorded one).
+  layout (`layout` overrides config.model.row_layout: a trained workdir's recorded one), policy
+  head.
 
   spec: the feature spec (needed by the homogeneous encoder, whose shared input transform spans
   the widest table; without it the width comes from config.text.dim and config.model.mem_proj).
+  num_llms: the LLMs per role of the action space the factored policy head scores (default: the
+  LLMs config.llms selects); the flat head reads none.
   """
   m = config.model
   history = m.history
@@ -67,6 +85,10 @@ def make_model(config, spec: features_lib.FeatureSpec | None = None, *,
   heads = m.attention_heads
   _check_model(m, history, encoder, k, heads)
   kw = {}
+  if m.policy_head != "flat":
+    kw["policy_head"] = m.policy_head
+    kw["num_llms"] = int(num_llms if num_llms is not None
+                         else len(system_lib.configured_llms(config)))
   if encoder != "garnet":
     kw["encoder"] = encoder
   if encoder == "homogeneous":
@@ -114,6 +136,9 @@ def _check_model(m, history, encoder, k, heads) -> None:
                              f"{', '.join(garnet_lib.ENCODERS)}; got {encoder!r}")
   if not isinstance(k, int) or k < 1:
     raise errors.ConfigError(f"config.model.retrieval_k must be an integer >= 1, got {k!r}")
+  if m.policy_head not in garnet_lib.POLICY_HEADS:
+    raise errors.ConfigError(f"config.model.policy_head must be one of "
+                             f"{', '.join(garnet_lib.POLICY_HEADS)}; got {m.policy_head!r}")
   if encoder == "transformer" and (heads < 1 or int(m.hidden) % heads):
     raise errors.ConfigError(f"config.model.attention_heads ({heads}) must divide "
                              f"config.model.hidden ({m.hidden}) for the transformer encoder")
@@ -164,12 +189,19 @@ def validate(config) -> None:
             (t.checkpoint_every >= 1, "train.checkpoint_every >= 1"),
             (isinstance(t.force_planner_episodes, int) and t.force_planner_episodes >= 0,
              "an integer train.force_planner_episodes >= 0"),
+            (isinstance(p.entropy_stop_min_episodes, int) and p.entropy_stop_min_episodes >= 0,
+             "an integer ppo.entropy_stop_min_episodes >= 0"),
+            (isinstance(t.phase1_episodes, int) and t.phase1_episodes >= 0,
+             "an integer train.phase1_episodes >= 0"),
+            (not t.phase1_episodes or (t.phase1_depth >= 1 and t.phase1_width >= 1),
+             "train.phase1_depth >= 1 and train.phase1_width >= 1 with train.phase1_episodes > 0"),
             (t.padding in rl_loop.PADDINGS, f"train.padding in {rl_loop.PADDINGS}")]
   for ok, what in checks:
     if not ok:
       raise errors.ConfigError(f"invalid config: need {what}")
   ppo_config.ppo_settings(config)          # unknown ppo.lr_schedule / entropy_schedule names
   make_model(config)                        # model errors before anything is built
+  phase1_mdp(config, system_lib.mdp_config(config.mdp))   # a warm start the MDP cannot run
   perturb_settings(config)                  # pool perturbation out of range
 
 
@@ -184,7 +216,8 @@ def loop_settings(config, max_calls: int) -> rl_loop.LoopSettings:
       history_capacity=int(config.model.history_capacity),
       background_checkpoints=bool(t.background_checkpoints),
       predictor=bool(config.model.memory_predictor),
-      force_planner_episodes=int(t.force_planner_episodes))
+      force_planner_episodes=int(t.force_planner_episodes),
+      entropy_stop_min_episodes=int(config.ppo.entropy_stop_min_episodes))
 
 
 def check_workdir(config, workdir: pathlib.Path) -> None:
@@ -221,7 +254,7 @@ def train(config, workdir: str | pathlib.Path, *, system: system_lib.System | No
                       f"{config.train.episodes_per_iter} episodes; compiling first (a minute or "
                       f"more without a warm XLA cache)")
   sysm = system or system_lib.build(config)
-  settings = loop_settings(config, ppo_config.max_calls(sysm))
+  settings = loop_settings(config, training_max_calls(config, sysm))
   perturbed = pool_perturbation(config, sysm)
   if perturbed is None:
     return _train(config, workdir, sysm, settings, mesh, verbose, None)
@@ -260,12 +293,78 @@ def pool_perturbation(config, sysm) -> perturb_lib.PerturbedPool | None:
                                    sysm.world.events)
 
 
+def phase1_mdp(config, mdp_cfg: mdp.MDPConfig) -> mdp.MDPConfig | None:
+  """The MDP of the Phase-1 warm start (module docstring): `mdp_cfg`, the run's Phase-2 MDP, with
+  Phase 1's fixed structure of depth train.phase1_depth and width train.phase1_width; None when
+  train.phase1_episodes is 0.
+
+  Raises:
+    ConfigError: the run's MDP is Phase 1 already, or its step cap cannot hold the workflow.
+  """
+  t = config.train
+  if not t.phase1_episodes:
+    return None
+  if mdp_cfg.phase1:
+    raise errors.ConfigError("train.phase1_episodes warms up a Phase 2 run: config.mdp."
+                             "phase1_depth and phase1_width must be 0")
+  cfg = dataclasses.replace(mdp_cfg, phase1_depth=int(t.phase1_depth),
+                            phase1_width=int(t.phase1_width))
+  cfg.validate()
+  if cfg.max_calls() > cfg.step_cap:
+    raise errors.ConfigError(f"config.mdp.step_cap={cfg.step_cap} is below the {cfg.max_calls()} "
+                             f"calls of the Phase-1 warm start's workflow (depth "
+                             f"{cfg.phase1_depth}, width {cfg.phase1_width})")
+  return cfg
+
+
+def phase1_iterations(config) -> int:
+  """The iterations of the Phase-1 warm start: ceil(train.phase1_episodes / episodes_per_iter)."""
+  return math.ceil(int(config.train.phase1_episodes) / int(config.train.episodes_per_iter))
+
+
+def training_max_calls(config, system: system_lib.System) -> int:
+  """The bound on one training episode's calls: the system's MDP's, or the Phase-1 warm start's
+  workflow's when it is longer."""
+  calls = ppo_config.max_calls(system)
+  warm = phase1_mdp(config, system.mdp_cfg)
+  return max(calls, warm.max_calls()) if warm is not None else calls
+
+
+def phase1_switch(config, env) -> Callable[[int], None] | None:
+  """The before_iteration hook of the Phase-1 warm start: sets env's MDP to Phase 1 for the
+  first phase1_iterations(config) iterations and to the run's own MDP after them; None when off."""
+  warm = phase1_mdp(config, env.cfg)
+  if warm is None:
+    return None
+  phase2, first = env.cfg, phase1_iterations(config)
+
+  def switch(it: int) -> None:
+    env.cfg = warm if it < first else phase2
+  return switch
+
+
+def _hooks(*hooks):
+  """One before_iteration hook calling each of `hooks` that is not None, in order (None: none)."""
+  hooks = [h for h in hooks if h is not None]
+  if not hooks:
+    return None
+  if len(hooks) == 1:
+    return hooks[0]
+
+  def each(it: int) -> None:
+    for h in hooks:
+      h(it)
+  return each
+
+
 def _train(config, workdir, sysm, settings, mesh, verbose, before_iteration) -> dict:
   env = sysm.env(float(config.alpha), reward=config.train.reward)
-  model = make_model(config, sysm.featurizer.spec)
+  before_iteration = _hooks(phase1_switch(config, env), before_iteration)
+  model = make_model(config, sysm.featurizer.spec, num_llms=sysm.space.num_llms)
   optimizer = ppo_config.make_optimizer(config)
   update, batch_size = ppo_config.make_update(config, sysm, model, optimizer,
-                                               int(config.train.episodes_per_iter), mesh)
+                                               int(config.train.episodes_per_iter), mesh,
+                                               calls=training_max_calls(config, sysm))
   buckets = None   # fixed padding: every batch is batch_size transitions
   if config.train.padding == "buckets":
     unit = batch_lib.batch_size_for(1, 1, int(config.ppo.num_minibatches), mesh.size)
@@ -284,9 +383,12 @@ def load_router(config, workdir, system: system_lib.System, *, best: bool = True
   it), None for inductive. The model has the row layout the workdir was trained with
   (recorded_row_layout: a workdir trained before row layouts existed evaluates as layout 1).
   Under train.pool_perturb the running reward of one iteration is not comparable with another's
-  (each phase has its own pool), so the latest checkpoint is loaded, not the best."""
-  best = best and perturb_settings(config) is None
-  model = make_model(config, system.featurizer.spec, layout=recorded_row_layout(config, workdir))
+  (each phase has its own pool), nor under a Phase-1 warm start (train.phase1_episodes), so the
+  latest checkpoint is loaded then, not the best. The factored policy head scores `system`'s
+  action space (its LLMs per role)."""
+  best = best and perturb_settings(config) is None and not config.train.phase1_episodes
+  model = make_model(config, system.featurizer.spec, layout=recorded_row_layout(config, workdir),
+                     num_llms=system.space.num_llms)
   params, history = rl_loop.restore_policy(
       pathlib.Path(workdir) / "checkpoints", model, system.featurizer,
       ppo_config.make_optimizer(config), seed=config.seed, num_hubs=system.space.size,

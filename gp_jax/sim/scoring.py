@@ -1,4 +1,5 @@
-"""Scores of finished episodes, per domain: accuracy, $ cost, reward and LLM calls per query.
+"""Scores of finished episodes, per domain: accuracy, $ cost, reward, LLM calls per query and
+the split rate (share of queries with at least one Planner call).
 
 On the simulator (`system.simulated`) an episode's reward is the expected reward of its actual
 decisions, E[U | calls] - alpha * cost, which removes the simulator's sampling noise; accuracy is
@@ -29,6 +30,11 @@ class Row:
   cost: float       # mean cost units (milli-dollars) per query
   reward: float     # mean (expected, on the simulator) reward per query
   calls: float
+  split_rate: float | None = None        # share of queries with >= 1 Planner call
+  # The router's splits against the optimum's (gp_jax/runs/evaluate.py; None where there is no
+  # optimum, for other policies, or where the share's denominator is 0).
+  split_recall: float | None = None      # of the queries the optimum splits, share it splits too
+  split_precision: float | None = None   # of the queries it splits, share the optimum splits too
 
 
 def episode_stats(system, env: env_lib.WorkflowEnv, q: Query,
@@ -40,16 +46,22 @@ def episode_stats(system, env: env_lib.WorkflowEnv, q: Query,
   return u, cost, expected_u - env.alpha * cost, len(state.calls)
 
 
+def split(state: mdp.WorkflowState) -> bool:
+  """Whether an episode made at least one Planner call."""
+  return state.planner_calls > 0
+
+
 def summarize(name: str, system, env, queries: list[Query], states) -> list[Row]:
   by = collections.defaultdict(list)
   for q, s in zip(queries, states):
-    st = episode_stats(system, env, q, s)
+    st = episode_stats(system, env, q, s) + (split(s),)
     by[q.domain].append(st)
     by["all"].append(st)
   rows = []
   for domain in sorted(by, key=lambda d: (d == "all", d)):
     a = np.array(by[domain], float)
-    rows.append(Row(name, domain, len(a), *a[:, :3].mean(0), a[:, 3].mean()))
+    rows.append(Row(name, domain, len(a), *a[:, :3].mean(0), a[:, 3].mean(),
+                    split_rate=float(a[:, 4].mean())))
   return rows
 
 

@@ -33,6 +33,7 @@ from gp_jax import files
 from gp_jax import progress as progress_lib
 from gp_jax.baselines import labels as labels_lib
 from gp_jax.baselines import single_round
+from gp_jax.graph import garnet
 from gp_jax.graph import history as history_lib
 from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import ppo
@@ -302,6 +303,7 @@ class StudyRunner:
     ecfg = apply_overrides(tcfg, v.evaluate)
     ekey = ("eval", variant_key(v.train), variant_key(v.evaluate), seed)
     esys = self._system(ecfg, ekey) if v.evaluate else tsys
+    model = garnet.for_action_space(model, esys.space)   # a factored head counts LLMs per role
     hist = history_for(tcfg, history)
     if hist is not None and not same_space(esys.space, tsys.space):
       hist = remap_history(hist, tsys.space, esys.space)
