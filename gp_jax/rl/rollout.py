@@ -240,7 +240,8 @@ class PolicyRunner:
 
   def act_with_probs(self, obs: dict, key, greedy: bool):
     """As `act`, plus the probabilities [B, A] the actions were drawn from (the softmax of the
-    masked logits; greedy actions are their argmax): what the decision statistics read."""
+    masked logits; greedy actions are the policy head's greedy choice under them): what the
+    decision statistics read."""
     return tuple(np.asarray(x) for x in self._act_device(obs, key, greedy))
 
   def _act_device(self, obs: dict, key, greedy: bool) -> tuple:
@@ -322,7 +323,7 @@ class Episode:
     return float(sum(self.rewards))
 
 
-DECISION_TYPES = ("root", "pending", "summarize", "other")
+DECISION_TYPES = batch_lib.DECISION_TYPES   # one definition (gp_jax/rl/batch.py)
 
 
 def decision_type(steps: int, mask: np.ndarray, space: mdp.ActionSpace) -> str:
