@@ -10,7 +10,6 @@ import jax
 import numpy as np
 import pytest
 
-from experiments.configs import test as test_config
 from gp_jax import errors
 from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import loop as rl_loop
@@ -22,24 +21,13 @@ from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 from gp_jax.workflow import mdp
 from tests.util import tb_reader
+from tests.util import tiny
 
 NEW_KEYS = {"split_rate", "p_planner_root"} | {f"entropy/{t}" for t in rollout.DECISION_TYPES}
 
 
 def _config():
-  cfg = test_config.get_config()
-  cfg.data.n_train = 24
-  cfg.data.n_test = 8
-  cfg.text.dim = 16
-  cfg.model.hidden = 8
-  cfg.model.mlp_hidden = 8
-  cfg.model.num_layers = 1
-  cfg.model.mem_proj = 4
-  cfg.model.history_capacity = 200
-  cfg.train.episodes = 24
-  cfg.train.episodes_per_iter = 8
-  cfg.train.parallel = 8
-  return cfg
+  return tiny.tiny_config(episodes=24)
 
 
 def test_decision_types_follow_the_state_and_mask(tiny_world):

@@ -8,7 +8,6 @@ import jax
 import numpy as np
 import pytest
 
-from experiments.configs import test as test_config
 from gp_jax import errors
 from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import loop as loop_lib
@@ -18,24 +17,13 @@ from gp_jax.runs import ppo_config
 from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 from gp_jax.workflow import mdp
+from tests.util import tiny
 
 TIMING = {"rollout_s", "update_s", "update_compiles"}
 
 
 def _config():
-  cfg = test_config.get_config()
-  cfg.data.n_train = 24
-  cfg.data.n_test = 8
-  cfg.text.dim = 16
-  cfg.model.hidden = 8
-  cfg.model.mlp_hidden = 8
-  cfg.model.num_layers = 1
-  cfg.model.mem_proj = 4
-  cfg.model.history_capacity = 200
-  cfg.train.episodes = 24
-  cfg.train.episodes_per_iter = 8
-  cfg.train.parallel = 8
-  return cfg
+  return tiny.tiny_config(episodes=24)
 
 
 def _kinds(space, actions):

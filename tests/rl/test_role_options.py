@@ -20,6 +20,7 @@ from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 from gp_jax.workflow import mdp
 from gp_jax.workflow import roles as roles_lib
+from tests.util import tiny
 
 LOSS_KW = dict(clip_eps=0.2, value_coef=0.5, entropy_coef=0.01)
 
@@ -159,19 +160,7 @@ def test_gamma_one_lambda_one_gives_undiscounted_reward_to_go_minus_value():
 # ---- GraphPlanner's update with the options; the Phase-1 warm start ---------------------------
 
 def _config():
-  cfg = test_config.get_config()
-  cfg.data.n_train = 24
-  cfg.data.n_test = 8
-  cfg.text.dim = 16
-  cfg.model.hidden = 8
-  cfg.model.mlp_hidden = 8
-  cfg.model.num_layers = 1
-  cfg.model.mem_proj = 4
-  cfg.model.history_capacity = 200
-  cfg.train.episodes = 16
-  cfg.train.episodes_per_iter = 8
-  cfg.train.parallel = 8
-  return cfg
+  return tiny.tiny_config(episodes=16)
 
 
 def test_update_with_every_option_on_compiles_once_and_reports_the_role_entropy(tmp_path,

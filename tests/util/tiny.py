@@ -1,0 +1,21 @@
+"""A tiny training config for tests that run a few real PPO iterations in seconds."""
+from experiments.configs import test as test_config
+
+
+def tiny_config(*, n_train: int = 24, n_test: int = 8, episodes: int = 24,
+                history_capacity: int = 200):
+  """experiments/configs/test.py made smaller: 16-d text, width 8, one layer, 8 episodes per
+  iteration (all in flight)."""
+  cfg = test_config.get_config()
+  cfg.data.n_train = n_train
+  cfg.data.n_test = n_test
+  cfg.text.dim = 16
+  cfg.model.hidden = 8
+  cfg.model.mlp_hidden = 8
+  cfg.model.num_layers = 1
+  cfg.model.mem_proj = 4
+  cfg.model.history_capacity = history_capacity
+  cfg.train.episodes = episodes
+  cfg.train.episodes_per_iter = 8
+  cfg.train.parallel = 8
+  return cfg
