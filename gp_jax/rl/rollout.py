@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import functools
 import hashlib
 from typing import Callable
 
@@ -326,11 +327,17 @@ class Episode:
 DECISION_TYPES = batch_lib.DECISION_TYPES   # one definition (gp_jax/rl/batch.py)
 
 
+@functools.lru_cache(maxsize=64)
+def _kinds(space: mdp.ActionSpace) -> tuple[str, ...]:
+  """The role kind of every action of `space`, computed once per space (decisions read it)."""
+  return batch_lib.action_kinds(space)
+
+
 def decision_type(steps: int, mask: np.ndarray, space: mdp.ActionSpace) -> str:
   """The type of a decision (module docstring) taken after `steps` calls of its episode under
   the valid actions `mask` [A]."""
   kind = batch_lib.decision_types(np.asarray(mask, bool)[None], np.array([steps]),
-                                  batch_lib.action_kinds(space), xp=np)[0]
+                                  _kinds(space), xp=np)[0]
   return batch_lib.DECISION_TYPES[int(kind)]
 
 
