@@ -5,7 +5,7 @@
   python -m experiments.study --study=ablations --variants=transductive,no_history --workdir=/tmp/a2
   python -m experiments.study --study=drift --config=experiments/configs/study.py:test --workdir=/tmp/drift
 Rerunning skips finished (variant, seed) cells and resumes interrupted training. Studies:
-phases, unseen, ablations, roles (gp_jax/runs/studies/definitions.py), drift (gp_jax/runs/studies/drift.py:
+phases, unseen, ablations, roles, learner (gp_jax/runs/studies/definitions.py), drift (gp_jax/runs/studies/drift.py:
 pool events during evaluation; writes <workdir>/report.md and .png). Then: python -m experiments.report.
 """
 from absl import flags
@@ -20,7 +20,7 @@ from gp_jax.runs.studies import report as studies_report
 from gp_jax.runs.studies import runner
 
 _CONFIG = common.define_config("experiments/configs/study.py", "Study config.", complete=True)
-_STUDY = flags.DEFINE_string("study", None, "phases | unseen | ablations | roles | drift",
+_STUDY = flags.DEFINE_string("study", None, "phases | unseen | ablations | roles | learner | drift",
                              required=True)
 _WORKDIR = flags.DEFINE_string("workdir", None, "Study directory (default workdirs/studies/<study>).")
 _VARIANTS = flags.DEFINE_string("variants", "", "Comma-separated variants of the study to run "

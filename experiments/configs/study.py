@@ -23,6 +23,9 @@ def get_config(arg: str = "") -> ml_collections.ConfigDict:
   c.study = ml_collections.ConfigDict()
   c.study.seeds = "0,1" if arg == "" else "0"   # seeds (data, init, sampling)
   c.study.routers = "knn,mlp,routerdc,graph" if arg == "" else "knn,mlp"   # unseen-task baselines
+  # The learner study's combined arm: learner options (gp_jax/runs/studies/definitions.py
+  # LEARNER_OPTIONS) trained together, chosen by training return only ("" = no combined arm).
+  c.study.learner_combined = ""
   c.study.few_shot = 50            # episodes of the few-shot new-role variants (per round)
   c.study.few_shot_rounds = 8      # rounds of pestv_few_shot_rounds (each: few_shot new episodes,
                                    # one PPO update; Adam state carried)

@@ -23,6 +23,11 @@ roles      Thinker and Verifier (paper App. E), on the pool config.study.roles_l
            update (pestv_served); one PPO update (pestv_few_shot, the original recipe); and
            config.study.few_shot_rounds rounds of fresh episodes, each driving one update
            (pestv_few_shot_rounds).
+learner    The learner options of docs/learner.md on one world (issue 46's look,
+           docs/lab/2026-12-07-v2-decomposition-look.md): today's study settings (study), the
+           sweep's PPO schedules (sweep_ppo), each option alone on top of sweep_ppo, and, when
+           config.study.learner_combined names options, them all together (combined). Every arm
+           carries router:mlp and split recall and precision against the DP optimum.
 """
 from __future__ import annotations
 
@@ -116,7 +121,50 @@ def roles(config) -> list[Variant]:
   ]
 
 
-STUDIES = {"phases": phases, "unseen": unseen, "ablations": ablations, "roles": roles}
+# The sweep's PPO schedules (experiments/configs/sweep.py): entropy 0.03 and the learning rate
+# both decaying linearly to 0 over the run.
+SWEEP_PPO = {"ppo.entropy_coef": 0.03, "ppo.entropy_schedule": "linear",
+             "ppo.entropy_final_fraction": 0.0, "ppo.lr_schedule": "linear",
+             "ppo.lr_final_fraction": 0.0}
+# Each learner option of docs/learner.md as the look sets it (on top of SWEEP_PPO).
+LEARNER_OPTIONS = {
+    "gamma1": {"ppo.gamma": 1.0},
+    "factored": {"model.policy_head": "factored"},
+    "role_entropy": {"ppo.role_entropy_coef": 0.01},
+    "per_type": {"ppo.advantage_norm": "per_type"},
+    "stop_min": {"ppo.entropy_stop": 0.05, "ppo.entropy_stop_min_episodes": 3000},
+    "forced": {"train.force_planner_episodes": 600},
+    "phase1": {"train.phase1_episodes": 1000},
+}
+
+
+def combined_options(text: str) -> list[str]:
+  """'gamma1,forced' -> the named learner options (blanks dropped); unknown or repeated names
+  are ConfigErrors."""
+  names = [n.strip() for n in str(text).split(",") if n.strip()]
+  for n in names:
+    if n not in LEARNER_OPTIONS:
+      raise errors.unknown_name("learner option", n, LEARNER_OPTIONS)
+  if len(set(names)) != len(names):
+    raise errors.ConfigError(f"study.learner_combined={text}: an option is repeated")
+  return names
+
+
+def learner(config) -> list[Variant]:
+  extra = dict(routers=("mlp",), split_agreement=True)
+  out = [Variant("study", **extra), Variant("sweep_ppo", train=dict(SWEEP_PPO), **extra)]
+  out += [Variant(name, train={**SWEEP_PPO, **o}, **extra) for name, o in LEARNER_OPTIONS.items()]
+  chosen = combined_options(config.study.get("learner_combined", ""))
+  if chosen:
+    train = dict(SWEEP_PPO)
+    for n in chosen:
+      train.update(LEARNER_OPTIONS[n])
+    out.append(Variant("combined", train=train, **extra))
+  return out
+
+
+STUDIES = {"phases": phases, "unseen": unseen, "ablations": ablations, "roles": roles,
+           "learner": learner}
 
 
 def variants(name: str, config, only: str = "") -> list[Variant]:

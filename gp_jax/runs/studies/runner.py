@@ -67,6 +67,9 @@ class Variant:
     routers: single-round routers fitted on the training queries and evaluated next to it.
     held_out: LLMs new at evaluation; the cell records the share of the optimum's and the
       router's calls made with them.
+    split_agreement: on the simulator, the router's rows get split recall and precision against
+      the DP optimum's splits on the same test queries (the optimum's run cached per evaluation
+      system and seed).
   """
   name: str
   train: dict = dataclasses.field(default_factory=dict)
@@ -77,6 +80,7 @@ class Variant:
   few_shot_rounds: int = 1
   routers: tuple = ()
   held_out: tuple = ()
+  split_agreement: bool = False
 
 
 def apply_overrides(config, overrides: dict):
@@ -203,6 +207,21 @@ def train_seconds(train_dir: pathlib.Path) -> float:
   return float(sum(r.get("rollout_s", 0.0) + r.get("update_s", 0.0) for r in recs))
 
 
+def training_return_tail(train_dir: pathlib.Path, fraction: float = 0.1) -> float | None:
+  """Mean training `episode_return` over the last `fraction` of a run's iterations (at least
+  one), from its metrics.jsonl; None without iterations. Training queries only: a selection
+  rule may read it, where it may not read a test number."""
+  path = train_dir / "metrics.jsonl"
+  if not path.exists():
+    return None
+  recs = [json.loads(l) for l in path.read_text().splitlines() if l.strip()]
+  rets = [float(r["episode_return"]) for r in recs if "episode_return" in r]
+  if not rets:
+    return None
+  k = max(1, int(round(len(rets) * fraction)))
+  return float(np.mean(rets[-k:]))
+
+
 def action_shares(system, states) -> dict:
   """Share of the calls made with each LLM and with each role, over finished states."""
   llms, roles, n = {}, {}, 0
@@ -247,6 +266,7 @@ class StudyRunner:
     self.verbose = verbose
     self._systems: dict[tuple, Any] = {}
     self._optimum_shares: dict[tuple, dict] = {}   # (pool, seed) -> the optimum's LLM shares
+    self._optimum_runs: dict[tuple, list] = {}     # (pool, seed) -> the optimum's final states
 
   def _system(self, cfg, key: tuple):
     if key not in self._systems:
@@ -261,8 +281,9 @@ class StudyRunner:
     # Every cell of a study workdir comes from one config; more seeds may be added later.
     # The drift study's settings (gp_jax/runs/studies/drift.py) do not change the other studies.
     drift_fields = tuple(f"study.{k}" for k in self.config.study if k.startswith("drift_"))
+    # study.learner_combined only adds a variant (its overrides are recorded in its cells).
     workdir_config.check_or_record(self.workdir, self.config,
-                                   ignore=("study.seeds",) + drift_fields,
+                                   ignore=("study.seeds", "study.learner_combined") + drift_fields,
                                    what=f"{self.study} study")
     t0 = time.time()
     ran, skipped = [], []
@@ -318,6 +339,9 @@ class StudyRunner:
     states = evaluation.run_router(esys, env, model, params, hist, esys.test_queries,
                                    parallel=int(ecfg.train.parallel), seed=seed)
     rows = evaluation.summarize(f"{ROUTER}[{v.name}]", esys, env, esys.test_queries, states)
+    if v.split_agreement and esys.simulated:
+      rows = evaluation.with_split_agreement(rows, f"{ROUTER}[{v.name}]", esys.test_queries,
+                                             states, self._optimum_run(esys, alpha, seed))
     rows = [dataclasses.asdict(r) for r in rows]
     rows += self._reference(ecfg, esys, tsys, v, seed, alpha)
     return dict(study=self.study, variant=v.name, seed=seed, alpha=alpha,
@@ -328,8 +352,17 @@ class StudyRunner:
                 held_out_share=self._held_out_share(esys, states, v, seed, alpha),
                 llms=list(esys.space.llms), roles=[r.name for r in esys.space.roles.roles],
                 n_test=len(esys.test_queries), shares=action_shares(esys, states),
-                train=dict(episodes=summary["episodes"], seconds=train_seconds(tdir)),
+                train=dict(episodes=summary["episodes"], seconds=train_seconds(tdir),
+                           final_return=training_return_tail(tdir)),
                 eval_seconds=time.time() - t_eval, seconds=time.time() - t0, rows=rows)
+
+  def _optimum_run(self, esys, alpha: float, seed: int) -> list:
+    """The DP optimum's final states on the evaluation system's test queries, cached per pool,
+    test queries and seed."""
+    key = (tuple(esys.space.llms), tuple(q.qid for q in esys.test_queries), seed)
+    if key not in self._optimum_runs:
+      self._optimum_runs[key] = optimum_states(esys, alpha, seed)
+    return self._optimum_runs[key]
 
   def _held_out_share(self, esys, states, v: Variant, seed: int, alpha: float) -> dict | None:
     """{router, optimum}: share of each one's calls made with the variant's held-out LLMs (the
@@ -345,9 +378,9 @@ class StudyRunner:
     share = dict(router=sum(router.get(m, 0.0) for m in v.held_out), optimum=None)
     if not esys.simulated:
       return share
-    key = (tuple(esys.space.llms), seed)
+    key = (tuple(esys.space.llms), tuple(q.qid for q in esys.test_queries), seed)
     if key not in self._optimum_shares:
-      self._optimum_shares[key] = action_shares(esys, optimum_states(esys, alpha, seed))["llm"]
+      self._optimum_shares[key] = action_shares(esys, self._optimum_run(esys, alpha, seed))["llm"]
     share["optimum"] = sum(self._optimum_shares[key].get(m, 0.0) for m in v.held_out)
     return share
 

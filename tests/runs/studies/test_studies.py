@@ -91,13 +91,33 @@ def test_every_study_definition_builds():
       definitions.variants("unseen", c)
 
 
+def test_learner_study_arms():
+  c = study_config.get_config("test")
+  vs = {v.name: v for v in definitions.variants("learner", c)}
+  assert list(vs) == ["study", "sweep_ppo", *definitions.LEARNER_OPTIONS]   # no combined arm
+  assert vs["study"].train == {} and vs["sweep_ppo"].train == definitions.SWEEP_PPO
+  for name, option in definitions.LEARNER_OPTIONS.items():   # each option alone on sweep_ppo
+    assert vs[name].train == {**definitions.SWEEP_PPO, **option}
+    runner.apply_overrides(c, vs[name].train)                 # every key exists in the config
+  assert all(v.routers == ("mlp",) and v.split_agreement for v in vs.values())
+  c.study.learner_combined = "forced, gamma1"
+  combined = definitions.variants("learner", c)[-1]
+  assert combined.name == "combined" and combined.train == {
+      **definitions.SWEEP_PPO, "ppo.gamma": 1.0, "train.force_planner_episodes": 600}
+  for bad, match in [("nope", "unknown learner option 'nope'"), ("gamma1,gamma1", "repeated")]:
+    c.study.learner_combined = bad
+    with pytest.raises(errors.ConfigError, match=match):
+      definitions.variants("learner", c)
+
+
 def test_tiny_study_end_to_end_resumes_and_reports(tmp_path, capsys):
   c = study_config.get_config("test")
   c.train.episodes = 16
   c.data.n_test = 12
   new = tuple(m.name for m in system_lib.full_catalog(c).llms if m.held_out)   # the catalog's three
   held = ",".join(c.llms.split(",") + list(new))
-  variants = [runner.Variant("base"), runner.Variant("empty_history", history="none"),
+  variants = [runner.Variant("base", split_agreement=True),
+              runner.Variant("empty_history", history="none"),
               runner.Variant("more_llms", evaluate={"llms": held}, held_out=new,
                              few_shot=4, few_shot_rounds=2)]
   work = tmp_path / "studies" / "toy"
@@ -122,6 +142,16 @@ def test_tiny_study_end_to_end_resumes_and_reports(tmp_path, capsys):
   assert share["router"] == pytest.approx(sum(cells["more_llms"]["shares"]["llm"].get(m, 0.0)
                                               for m in new))
   assert 0.0 <= share["optimum"] <= 1.0 and cells["base"]["held_out_share"] is None
+  # split agreement only where the variant asks for it; the training return's tail recorded
+  base = {r["policy"]: r for r in cells["base"]["rows"] if r["domain"] == "all"}
+  assert base["GraphPlanner[base]"]["split_precision"] is not None or \
+      base["GraphPlanner[base]"]["split_rate"] == 0
+  assert rows["GraphPlanner[more_llms]"]["split_recall"] is None
+  tdir = next((work / "train").iterdir())
+  tail = runner.training_return_tail(tdir)
+  assert cells["base"]["train"]["final_return"] == pytest.approx(tail)
+  recs = [json.loads(l) for l in (tdir / "metrics.jsonl").read_text().splitlines()]
+  assert tail == pytest.approx(recs[-1]["episode_return"])    # 1 iteration: 10% rounds up to 1
   assert cells["more_llms"]["few_shot_rounds"] == 2
   again = runner.StudyRunner(c, work, "toy", variants, verbose=False).run([0])
   assert again["ran"] == [] and len(again["skipped"]) == 3
