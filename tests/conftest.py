@@ -22,6 +22,8 @@ STAGES = {
                     "scripts/integration.sh"),
     "chaos": ("GP_JAX_CHAOS", "several minutes of CPU", "scripts/chaos.sh"),
     "pg": ("GP_JAX_PG", "needs a PostgreSQL server", "scripts/pg_tests.sh"),
+    "llmrouter": ("GP_JAX_LLMROUTER", "needs the LLMRouter venv (torch, llmrouter-lib)",
+                  "scripts/llmrouter_tests.sh"),
 }
 
 

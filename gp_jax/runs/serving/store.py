@@ -54,7 +54,7 @@ import struct
 import threading
 import time
 import zlib
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -720,15 +720,15 @@ def open_store(cfg: StoreConfig, *, row_dim: int, num_hubs: int):
 
 
 # ---- exports -----------------------------------------------------------------------------------
-def write_rows(path, rows: Iterable[dict]) -> int:
-  """Writes LLMRouter rows as JSONL (or CSV when `path` ends in .csv), atomically; returns the
-  number of rows."""
+def write_rows(path, rows: Iterable[dict], fields: Sequence[str] = LLMROUTER_FIELDS) -> int:
+  """Writes LLMRouter rows as JSONL (or CSV with columns `fields` when `path` ends in .csv),
+  atomically; returns the number of rows."""
   rows = list(rows)
   path = pathlib.Path(path)
   if path.suffix == ".csv":
     import csv
     buf = io.StringIO()
-    w = csv.DictWriter(buf, fieldnames=LLMROUTER_FIELDS, lineterminator="\n")
+    w = csv.DictWriter(buf, fieldnames=fields, lineterminator="\n")
     w.writeheader()
     w.writerows(rows)
     text = buf.getvalue()

@@ -22,6 +22,7 @@ import pytest
 from experiments import serve_router_process as process
 from gp_jax import paths
 from gp_jax.runs.serving import auth
+from gp_jax.runs.serving import llmrouter_export
 from gp_jax.runs.serving import store
 
 KEYS = {"alice": ("sk-alice-7f3a9c", "client"), "bob": ("sk-bob-52e1d0", "client"),
@@ -302,7 +303,7 @@ def test_export_from_the_server_needs_the_admin_key(served, tmp_path):
   routes = json.loads(_http(srv, "GET", "/v1/routes?since=0", key="ops")[2])["data"]
   with open(out, newline="") as f:
     table = list(csv.reader(f))
-  assert table[0] == list(store.LLMROUTER_FIELDS)
+  assert table[0] == list(llmrouter_export.FIELDS)
   assert len(table) - 1 == sum(len(r["calls"]) for r in routes) > 0   # one row per call
 
 

@@ -21,6 +21,7 @@ from experiments.configs import test as test_config
 from gp_jax import paths
 from gp_jax.llm import catalog as catalog_lib
 from gp_jax.llm import testing_server
+from gp_jax.runs.serving import llmrouter_export
 from gp_jax.runs.serving import store
 from gp_jax.runs.serving import store_api
 
@@ -290,7 +291,7 @@ def _fill_kill_and_restart(srv, workdir, tmp_path, memory_path, route_log):
     listed = _all_routes(restarted)
     with open(out, newline="") as f:
       table = list(csv.reader(f))   # responses (planner lines) hold newlines: read it as CSV
-    assert table[0] == list(store.LLMROUTER_FIELDS)
+    assert table[0] == list(llmrouter_export.FIELDS)
     assert len(table) - 1 == sum(len(r["calls"]) for r in listed)
   finally:
     restarted.stop()
@@ -306,7 +307,7 @@ def _fill_kill_and_restart(srv, workdir, tmp_path, memory_path, route_log):
   records = [r for r in store.read_log(route_log) if r["type"] == "route"]
   scored = {r["id"] for r in store.read_log(route_log) if r["type"] == "feedback"}
   assert len(rows) == sum(len(r["calls"]) for r in records if r["id"] in scored)
-  assert set(rows[0]) == set(store.LLMROUTER_FIELDS)
+  assert set(rows[0]) == set(llmrouter_export.FIELDS)
   assert {r["performance"] for r in rows} <= {0.5, 1.0}
 
 
