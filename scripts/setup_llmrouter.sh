@@ -5,8 +5,8 @@
 #   PY="$(bash scripts/setup_llmrouter.sh)" && "$PY" scripts/llmrouter_convert.py ...
 # gp_jax never imports torch: torch and LLMRouter live only here, apart from the JAX venv
 # (scripts/env.sh). The venv's name carries a hash of the pins, so changing a pin builds a new one.
-# Like env.sh it holds a lock (one creator at a time; others wait, then reuse) and marks a
-# finished venv with .complete, so an interrupted install is redone rather than trusted.
+# scripts/cached_venv.sh holds the lock (one creator at a time; others wait, then reuse) and the
+# .complete mark (an interrupted install is redone rather than trusted).
 #
 # llmrouter-lib is installed with its full dependency set (gradio, litellm, transformers,
 # datasets, torch-geometric, ...): it resolves on this machine's package indexes. Importing
@@ -14,35 +14,14 @@
 # pydantic, scipy and scikit-learn; only torch is pinned here (the CPU build), the rest is left to
 # the resolver.
 set -euo pipefail
+source "$(dirname "${BASH_SOURCE[0]}")/cached_venv.sh"
 CACHE="${GP_JAX_CACHE:-$HOME/.cache/gp_jax}"
 TORCH_VERSION="2.13.0+cpu"
 LLMROUTER_VERSION="0.4.0"
 KEY="$(printf '%s\n' "$TORCH_VERSION" "$LLMROUTER_VERSION" | sha1sum | cut -c1-8)"
 VENV="${GP_JAX_LLMROUTER_VENV:-$CACHE/llmrouter-venv-$KEY}"
-LOG="$CACHE/llmrouter-install.log"
-mkdir -p "$CACHE"
-exec 6>"$CACHE/.llmrouter.lock"
-flock 6
-
-if [ ! -x "$VENV/bin/python" ] || [ ! -f "$VENV/.complete" ]; then
-  echo "[llmrouter] creating $VENV (llmrouter-lib==$LLMROUTER_VERSION, torch==$TORCH_VERSION;" \
-       "a few minutes the first time; log: $LOG)" >&2
-  rm -rf "$VENV"
-  python3 -m venv "$VENV"
-  if ! "$VENV/bin/pip" install "torch==$TORCH_VERSION" "llmrouter-lib==$LLMROUTER_VERSION" \
-      >"$LOG" 2>&1; then
-    grep -v "^WARNING: Location" "$LOG" | tail -n 30 >&2
-    echo "[llmrouter] pip install failed (log: $LOG)" >&2; exit 1
-  fi
-  # The routers the stage trains, through the package's own import path (litellm, which it
-  # imports, would otherwise fetch a price table from the network first).
-  if ! LITELLM_LOCAL_MODEL_COST_MAP=True "$VENV/bin/python" -c "from llmrouter.models import KNNRouter, KNNRouterTrainer, MLPRouter, MLPTrainer" \
-      >>"$LOG" 2>&1; then
-    tail -n 30 "$LOG" >&2; echo "[llmrouter] llmrouter does not import (log: $LOG)" >&2; exit 1
-  fi
-  touch "$VENV/.complete"
-  echo "[llmrouter] ready" >&2
-fi
-
-flock -u 6
-echo "$VENV/bin/python"
+# The check imports the routers the stage trains, through the package's own import path (litellm,
+# which it imports, would otherwise fetch a price table from the network first).
+LITELLM_LOCAL_MODEL_COST_MAP=True cached_venv llmrouter "$VENV" \
+  "from llmrouter.models import KNNRouter, KNNRouterTrainer, MLPRouter, MLPTrainer" \
+  "torch==$TORCH_VERSION" "llmrouter-lib==$LLMROUTER_VERSION"

