@@ -172,6 +172,13 @@ def run(main) -> None:
   app.run(main, flags_parser=_parse_flags)
 
 
+def _nearest_existing(p: pathlib.Path) -> pathlib.Path:
+  """`p` or its nearest existing parent (the folder a later mkdir would create under)."""
+  while not p.exists() and p.parent != p:
+    p = p.parent
+  return p
+
+
 def check_workdir(path, *, must_exist: bool, what: str = "workdir") -> pathlib.Path:
   """Checks, creating nothing, that `path` can serve as a run's directory; returns it.
 
@@ -188,16 +195,31 @@ def check_workdir(path, *, must_exist: bool, what: str = "workdir") -> pathlib.P
       raise errors.ConfigError(f"--{what}={path}: no such directory")
     probe = p
   else:
-    probe = p
-    while not probe.exists():
-      if probe.parent == probe:
-        break
-      probe = probe.parent
+    probe = _nearest_existing(p)
     if not probe.is_dir():
       raise errors.ConfigError(f"--{what}={path}: cannot be created, {probe} is not a directory")
   if not os.access(probe, os.W_OK | os.X_OK):
     raise errors.ConfigError(f"--{what}={path}: {probe} is not writable")
   return p
+
+
+def check_output_file(value, flag: str, suffix: str = "") -> pathlib.Path:
+  """Checks, creating nothing, that --`flag`=`value` names a file this process can write (its
+  folder, or the nearest existing parent, writable; `suffix` e.g. ".npy" required when given);
+  returns the path. Raises errors.ConfigError naming the problem."""
+  if not str(value):
+    raise errors.ConfigError(f"--{flag} is empty")
+  path = pathlib.Path(value).expanduser()
+  if suffix and path.suffix.lower() != suffix:
+    raise errors.ConfigError(f"--{flag}={value}: must name a {suffix} file")
+  if path.is_dir() or path.name in ("", ".", ".."):
+    raise errors.ConfigError(f"--{flag}={value}: is a directory")
+  probe = _nearest_existing(path.parent)
+  if not probe.is_dir():
+    raise errors.ConfigError(f"--{flag}={value}: cannot be written, {probe} is not a directory")
+  if not os.access(probe, os.W_OK | os.X_OK):
+    raise errors.ConfigError(f"--{flag}={value}: cannot be written, {probe} is not writable")
+  return path
 
 
 def check_trained_workdir(path) -> pathlib.Path:

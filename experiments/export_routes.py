@@ -26,7 +26,6 @@ GP_JAX_API_KEY environment variable (not a flag, so it stays out of the process 
 """
 import json
 import os
-import pathlib
 import sys
 import urllib.error
 import urllib.request
@@ -84,22 +83,6 @@ def _from_server(url: str) -> list[dict]:
     after = page["last"]
 
 
-def _check_output(flag: str, value: str, suffix: str = "") -> None:
-  """A file flag's value names a file this process can create (nothing is written yet)."""
-  path = pathlib.Path(value)
-  if suffix and path.suffix.lower() != suffix:
-    raise errors.ConfigError(f"--{flag}={value}: must name a {suffix} file")
-  if path.is_dir():
-    raise errors.ConfigError(f"--{flag}={value}: is a directory")
-  probe = path.parent
-  while not probe.exists() and probe.parent != probe:
-    probe = probe.parent
-  if not probe.is_dir():
-    raise errors.ConfigError(f"--{flag}={value}: cannot be written, {probe} is not a directory")
-  if not os.access(probe, os.W_OK | os.X_OK):
-    raise errors.ConfigError(f"--{flag}={value}: cannot be written, {probe} is not writable")
-
-
 def _encoder() -> encoder_lib.TextEncoder:
   """The text encoder that --encoder names."""
   if _ENCODER.value == "vllm_embed":
@@ -114,11 +97,11 @@ def main(argv):
   del argv
   if bool(_LOG.value) == bool(_URL.value):
     raise errors.ConfigError("give exactly one of --route_log and --url")
-  _check_output("out", _OUT.value)
+  common.check_output_file(_OUT.value, "out")
   if _EMB.value:
-    _check_output("embeddings", _EMB.value, ".npy")
+    common.check_output_file(_EMB.value, "embeddings", ".npy")
   if _LLM_DATA.value:
-    _check_output("llm_data", _LLM_DATA.value, ".json")
+    common.check_output_file(_LLM_DATA.value, "llm_data", ".json")
   encoder = _encoder() if _EMB.value else None
   catalog = catalog_lib.load_catalog(_CATALOG.value) if _LLM_DATA.value else None
   if _URL.value:

@@ -8,7 +8,6 @@ the training queries with config.study's settings) are evaluated. Writes the per
 means with 95% t half-widths and the paired (by seed) optimum - router intervals to --out, and a
 table to stdout (gp_jax/runs/feasibility.py). Simulated pools only.
 """
-import pathlib
 import sys
 
 from absl import flags
@@ -26,20 +25,6 @@ _OUT = flags.DEFINE_string("out", None, "JSON file of the record (written atomic
                            required=True)
 
 
-def _check_out(path: str):
-  """--out must name a file whose folder exists or can be created (checked before any run)."""
-  if not path:
-    raise errors.ConfigError("--out is empty")
-  p = pathlib.Path(path).expanduser()
-  if p.is_dir() or p.name in ("", ".", ".."):
-    raise errors.ConfigError(f"--out={path}: is a directory, not a file")
-  try:
-    common.check_workdir(p.parent, must_exist=False, what="out")
-  except errors.ConfigError as e:
-    raise errors.ConfigError(f"--out={path}: its folder cannot be used ({e})") from None
-  return p
-
-
 @common.user_errors_exit_2
 def main(argv):
   if len(argv) > 1:
@@ -53,7 +38,7 @@ def main(argv):
     raise errors.ConfigError("--seeds is required with a config that has no study.seeds")
   alpha = float(c.alpha if _ALPHA.value is None else _ALPHA.value)
   routers = feasibility.parse_routers(_ROUTERS.value)
-  out = _check_out(_OUT.value)
+  out = common.check_output_file(_OUT.value, "out")
   record = feasibility.run(c, seeds, alpha, routers, verbose=True)
   record["argv"] = list(sys.argv[1:])
   feasibility.write(record, out)

@@ -18,6 +18,7 @@ from absl import flags
 
 from experiments import common
 from experiments.configs import calibrate as calibrate_config
+from gp_jax import config_lists
 from gp_jax import errors
 from gp_jax import files
 from gp_jax import paths
@@ -36,37 +37,19 @@ _SEEDS = flags.DEFINE_string("seeds", "0,1,2,3,4", "Comma list of the query sets
 _REPORT = flags.DEFINE_string("report", "", "Also write the markdown report to this file.")
 
 
-def _seeds(text: str) -> list[int]:
-  items = [t.strip() for t in text.split(",") if t.strip()]
-  if not items or not all(t.isdigit() for t in items):
-    raise errors.ConfigError(f"--seeds={text!r}: give a comma list of integers >= 0, e.g. 0,1,2")
-  seeds = [int(t) for t in items]
-  if len(set(seeds)) < len(seeds):
-    raise errors.ConfigError(f"--seeds={text!r}: a seed is repeated")
-  return seeds
-
-
-def _file_flag(name: str, value: str) -> pathlib.Path:
-  """A file to write: not a folder, in a folder that exists or can be created."""
-  p = pathlib.Path(value).expanduser()
-  if not value or p.is_dir():
-    raise errors.ConfigError(f"--{name}={value!r}: not a file name")
-  common.check_workdir(p.parent, must_exist=False, what=name)
-  return p
-
-
 @common.user_errors_exit_2
 def main(argv):
   if len(argv) > 1:
     raise errors.ConfigError(f"unexpected arguments: {' '.join(argv[1:])}")
-  out = _file_flag("out", _OUT.value)
-  report_path = _file_flag("report", _REPORT.value) if _REPORT.value else None
+  out = common.check_output_file(_OUT.value, "out")
+  report_path = (common.check_output_file(_REPORT.value, "report") if _REPORT.value
+                 else None)
   base_path = pathlib.Path(_BASE.value).expanduser()
   if out.resolve() == base_path.resolve():
     raise errors.ConfigError(f"--out={_OUT.value} is the --base world file; write a new file")
   if not 1 <= _N_QUERIES.value <= 100_000:
     raise errors.ConfigError(f"--n_queries={_N_QUERIES.value}: give 1 to 100000")
-  seeds = _seeds(_SEEDS.value)
+  seeds = config_lists.seeds(_SEEDS.value)
   if _TARGET.value is not None:
     oracle_gap.check_target(_QUANTITY.value, _TARGET.value)
   base = errors.read_json(base_path, "base world file")

@@ -36,3 +36,20 @@ def numbers(value, field: str, cast: Callable = float) -> list:
     return [cast(p) for p in parts]
   except ValueError:
     raise errors.ConfigError(f"config.{field}={value!r} is not a comma list of numbers") from None
+
+
+def seeds(text, flag: str = "seeds") -> list[int]:
+  """'0,1,2' -> [0, 1, 2]; a ConfigError for an empty list, a non-integer, a negative or a
+  repeated seed."""
+  parts = [p.strip() for p in str(text).split(",")]
+  if not any(parts):
+    raise errors.ConfigError(f"--{flag} is empty; give a comma list of seeds, e.g. --{flag}=0,1")
+  try:
+    out = [int(p) for p in parts]
+  except ValueError:
+    raise errors.ConfigError(f"--{flag}={text}: not a comma list of integers") from None
+  if any(s < 0 for s in out):
+    raise errors.ConfigError(f"--{flag}={text}: seeds must be >= 0")
+  if len(set(out)) != len(out):
+    raise errors.ConfigError(f"--{flag}={text}: a seed is repeated")
+  return out

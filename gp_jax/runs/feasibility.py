@@ -23,6 +23,7 @@ import json
 import math
 import time
 
+from gp_jax import config_lists
 from gp_jax import errors
 from gp_jax import files
 from gp_jax import progress as progress_lib
@@ -41,20 +42,8 @@ ROUTER_DEFAULTS = dict(knn_k=10, mlp_hidden=64, steps=500)
 
 
 def parse_seeds(text: str) -> list[int]:
-  """'0,1,2' -> [0, 1, 2]; a ConfigError for an empty list, a non-integer, a negative or a
-  repeated seed."""
-  parts = [p.strip() for p in str(text).split(",")]
-  if not any(parts):
-    raise errors.ConfigError("--seeds is empty; give a comma list of seeds, e.g. --seeds=0,1")
-  try:
-    seeds = [int(p) for p in parts]
-  except ValueError:
-    raise errors.ConfigError(f"--seeds={text}: not a comma list of integers") from None
-  if any(s < 0 for s in seeds):
-    raise errors.ConfigError(f"--seeds={text}: seeds must be >= 0")
-  if len(set(seeds)) != len(seeds):
-    raise errors.ConfigError(f"--seeds={text}: a seed is repeated")
-  return seeds
+  """--seeds as a list of distinct seeds (config_lists.seeds)."""
+  return config_lists.seeds(text)
 
 
 def parse_routers(text: str) -> list[str]:

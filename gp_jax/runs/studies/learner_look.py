@@ -20,7 +20,7 @@ import math
 import pathlib
 
 from gp_jax import errors
-from gp_jax import stats
+from gp_jax.runs import feasibility
 from gp_jax.runs.studies import definitions
 from gp_jax.runs.studies import runner
 
@@ -47,11 +47,6 @@ def load_cells(workdir) -> dict[str, list[dict]]:
   return {a: sorted(c, key=lambda x: x["seed"]) for a, c in out.items()}
 
 
-def _interval(values) -> dict:
-  mean, half, n = stats.ci95(values)
-  return dict(mean=mean, half_width=half, low=mean - half, high=mean + half, n=n)
-
-
 def arm_numbers(cells: list[dict]) -> dict:
   """One arm's per-seed numbers and their means (intervals over seeds)."""
   per_seed = []
@@ -76,7 +71,7 @@ def arm_numbers(cells: list[dict]) -> dict:
     # A recall with no optimum split (or a precision with no router split) is undefined: 0 here
     # would be a made-up number, so the mean is over the seeds where it is defined.
     vals = [v for v in vals if v is not None]
-    out[k] = _interval(vals) if vals else None
+    out[k] = feasibility.interval(vals) if vals else None
   return out
 
 
