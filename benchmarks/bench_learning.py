@@ -43,9 +43,9 @@ import openai
 
 from gp_jax import stats
 from gp_jax.runs import system as system_lib
-from gp_jax.runs.serving import auth
+from gp_jax.serving.engine import config as served_config
+from gp_jax.serving.http import auth
 from experiments import serve_router_process as process
-from gp_jax.runs.serving import session as session_lib
 from gp_jax.sim import simulator as sim
 from gp_jax.workflow import reward as reward_lib
 
@@ -145,7 +145,7 @@ def main():
     from experiments.configs import test as test_config
     from gp_jax.runs import pipeline
     pipeline.train_and_evaluate(test_config.get_config(), workdir, evaluate=False, verbose=False)
-  config = session_lib.load_config(workdir)
+  config = served_config.load_config(workdir)
   if config.data.source != "simulated" or config.get("backend", "simulator") != "simulator":
     raise SystemExit("error: the benchmark needs a router trained on the simulator")
   queries = system_lib.build(config).train_queries

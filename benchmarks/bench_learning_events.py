@@ -4,7 +4,7 @@ simulator: frozen, memory-only and learning router servers, and the retrained ro
 
 For each seed a router is trained (experiments/configs/test.py with --n_train training queries,
 --episodes training episodes and the seed), and its reference: the same config and size trained on
-the post-event pool (the event on every training query, t = 0: pool_events.retrained_overrides,
+the post-event pool (the event on every training query, t = 0: served_events.retrained_overrides,
 as the drift study retrains). Four servers, each from a fresh served-state folder, serve the
 drift study's event (serve_router --sim_event=EVENT --sim_event_t=T: its LLM, delta and price
 scale) and get the same stream: the seed's training queries in order, --requests of them (no
@@ -61,10 +61,10 @@ from gp_jax import files
 from gp_jax import stats
 from gp_jax.runs import pipeline
 from gp_jax.runs import system as system_lib
-from gp_jax.runs.serving import pool_events
-from gp_jax.runs.serving import session as session_lib
 from gp_jax.runs.studies import drift_report
-from gp_jax.runs.studies import runner as runner_lib
+from gp_jax.serving.engine import config as served_config
+from gp_jax.sim import served_events
+from gp_jax.util import config_overrides
 
 ARMS = ("frozen", "memory", "learning", "retrained")
 CLOSURE_AFTER, CLOSURE_LEN = 50, 950   # gap closure over [T + 50, T + 1000)
@@ -84,7 +84,7 @@ def trained(config, workdir: pathlib.Path) -> pathlib.Path:
   return workdir
 
 
-def serve_arm(arm: str, workdir, event: pool_events.ServedEvent, queries, args, alpha: float,
+def serve_arm(arm: str, workdir, event: served_events.ServedEvent, queries, args, alpha: float,
               folder: pathlib.Path) -> list[dict]:
   extra = ["--learn"] + args.learn_args.split() if arm == "learning" else []
   srv = process.RouterProcess([f"--workdir={workdir}", f"--memory_path={folder / 'memory.npz'}",
@@ -100,13 +100,13 @@ def serve_arm(arm: str, workdir, event: pool_events.ServedEvent, queries, args, 
     srv.stop()
 
 
-def run_seed(seed: int, event: pool_events.ServedEvent, args, out: pathlib.Path) -> dict:
+def run_seed(seed: int, event: served_events.ServedEvent, args, out: pathlib.Path) -> dict:
   """{arm: per-request rewards} of one seed (finished arms read back)."""
   config = config_for(seed, args.n_train, args.episodes)
   base = trained(config, out / f"router_seed{seed}")
-  re = runner_lib.apply_overrides(config, pool_events.retrained_overrides(config, event))
+  re = config_overrides.apply(config, served_events.retrained_overrides(event))
   ref = trained(re, out / f"{event.kind}_retrained_seed{seed}")
-  served = session_lib.load_config(base)
+  served = served_config.load_config(base)
   queries = system_lib.build(served).train_queries
   alpha = float(served.alpha)
   cell = out / f"{event.kind}_seed{seed}"
@@ -130,7 +130,7 @@ def run_seed(seed: int, event: pool_events.ServedEvent, args, out: pathlib.Path)
   return rewards
 
 
-def summary(by_seed: dict, event: pool_events.ServedEvent, args) -> dict:
+def summary(by_seed: dict, event: served_events.ServedEvent, args) -> dict:
   seeds = sorted(by_seed)
   lo = event.t + CLOSURE_AFTER
   hi = min(event.t + CLOSURE_AFTER + CLOSURE_LEN, args.requests)
@@ -240,7 +240,7 @@ def print_summary(s: dict) -> None:
 
 def main():
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--event", required=True, choices=pool_events.KINDS)
+  ap.add_argument("--event", required=True, choices=served_events.KINDS)
   ap.add_argument("--event_at", type=int, required=True)
   ap.add_argument("--seeds", default="0,1,2")
   ap.add_argument("--requests", type=int, default=300)

@@ -6,6 +6,7 @@ before the runner creates anything."""
 import ast
 import errno
 import functools
+import importlib.util
 import os
 import pathlib
 import re
@@ -97,6 +98,23 @@ def define_config(default: str, help_text: str, *, complete: bool = False):
     return config_flags.DEFINE_config_file("config", default, help_text)
   except (KeyError, AttributeError, TypeError, ValueError) as e:
     _config_flag_error(e)
+
+
+def load_config_file(path, what: str):
+  """get_config() of the Python config file at `path` (relative to the repository root when it
+  is not found from here). Raises ConfigError (one line) when it is missing or fails."""
+  path = pathlib.Path(path)
+  if not path.is_absolute() and not path.exists():
+    path = REPO / path
+  if not path.is_file():
+    raise errors.ConfigError(f"{what}: no config file {path}")
+  spec = importlib.util.spec_from_file_location(f"_config_{path.stem}", path)
+  module = importlib.util.module_from_spec(spec)
+  try:
+    spec.loader.exec_module(module)
+    return module.get_config()
+  except Exception as e:
+    raise errors.ConfigError(f"{what}: cannot load {path}: {type(e).__name__}: {e}") from None
 
 
 def _flag_error_text(e: Exception) -> str:

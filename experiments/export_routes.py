@@ -19,7 +19,7 @@ OpenAI-compatible /v1/embeddings server: --encoder_url, --encoder_model). LLMRou
 embeddings from a torch .pt file: `scripts/llmrouter_convert.py PATH.npy PATH.pt`, run with the
 LLMRouter venv's python (scripts/setup_llmrouter.sh), converts it. --llm_data=PATH.json writes
 LLMRouter's LLM descriptions of the LLMs in the rows, from the LLM catalog (--llm_catalog); its
-hybrid router needs them (gp_jax/runs/serving/llmrouter_export.py says which router reads what).
+hybrid router needs them (gp_jax/serving/state/llmrouter_export.py says which router reads what).
 
 A server with --api_keys_file answers /v1/routes to an admin key only: give it in the
 GP_JAX_API_KEY environment variable (not a flag, so it stays out of the process list).
@@ -36,8 +36,8 @@ from experiments import common
 from gp_jax import errors
 from gp_jax import files
 from gp_jax.llm import catalog as catalog_lib
-from gp_jax.runs.serving import llmrouter_export
-from gp_jax.runs.serving import store
+from gp_jax.serving.state import llmrouter_export
+from gp_jax.serving.state import route_log as route_log_lib
 from gp_jax.text import encoder as encoder_lib
 
 _LOG = flags.DEFINE_string("route_log", "", "Route log (JSONL) written by serve_router.")
@@ -108,12 +108,12 @@ def main(argv):
     records = _from_server(_URL.value)
   else:
     try:
-      records = list(store.read_log(_LOG.value))
+      records = list(route_log_lib.read_log(_LOG.value))
     except FileNotFoundError:
       raise errors.DataError(f"{_LOG.value}: route log not found") from None
   n_req = sum(r["type"] == "route" for r in records)
   rows, queries = llmrouter_export.with_embedding_ids(
-      store.llmrouter_rows(records, scored_only=not _ALL.value))
+      llmrouter_export.llmrouter_rows(records, scored_only=not _ALL.value))
   llms = (llmrouter_export.llm_data(catalog, (r["model_name"] for r in rows), _CATALOG.value)
           if catalog is not None else None)
   if encoder is not None:
@@ -124,7 +124,7 @@ def main(argv):
   if llms is not None:
     files.write_json(_LLM_DATA.value, llms, "the LLM descriptions", indent=2, separators=(",", ": "))
     print(f"{len(llms)} LLM descriptions -> {_LLM_DATA.value}", file=sys.stderr)
-  n = store.write_rows(_OUT.value, rows, llmrouter_export.FIELDS)
+  n = llmrouter_export.write_rows(_OUT.value, rows, llmrouter_export.FIELDS)
   print(f"{n} rows ({len(queries)} distinct queries) from {n_req} served requests -> "
         f"{_OUT.value}", file=sys.stderr)
 

@@ -11,6 +11,7 @@ from experiments import common
 from gp_jax import errors
 from gp_jax.runs import system as system_lib
 from gp_jax.runs.studies import runner
+from gp_jax.util import config_overrides
 
 _CONFIG = common.define_config("experiments/configs/study.py", "Study config.", complete=True)
 _SEED = flags.DEFINE_integer("seed", 0, "Seed of the test queries and the sampled outcomes.")
@@ -19,7 +20,7 @@ _SEED = flags.DEFINE_integer("seed", 0, "Seed of the test queries and the sample
 @common.user_errors_exit_2
 def main(argv):
   del argv
-  c = runner.apply_overrides(_CONFIG.value, {"seed": _SEED.value})
+  c = config_overrides.apply(_CONFIG.value, {"seed": _SEED.value})
   system = system_lib.build(c)
   if not system.simulated:
     raise errors.ConfigError("the DP optimum needs the simulated pool (backend=sim)")

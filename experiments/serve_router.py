@@ -9,29 +9,27 @@ The workdir's recorded config and best checkpoint define the router; --config.* 
 where the backbones are (--config.backend=endpoints --config.endpoints_file=...), timeouts, caches
 and sampling.max_tokens. Default backend: the embedded simulator, as the run was trained.
 
+The server's own settings are one config, --serve_config (default experiments/configs/serve.py,
+read into gp_jax/serving/settings.ServerSettings); every flag below overrides its field.
 Anything but a loopback --host needs --api_keys_file (docs/serving.md, Keys, limits and metrics).
 """
-import pathlib
+import dataclasses
 
 from absl import flags
 from ml_collections import config_flags
 
 from experiments import common
 from experiments import serve_router_process
-from gp_jax import errors
 from gp_jax import files
-from gp_jax.runs.serving import app
-from gp_jax.runs.serving import auth
-from gp_jax.runs.serving import online
-from gp_jax.runs.serving import pool_events
-from gp_jax.runs.serving import ratelimit
-from gp_jax.runs.serving import session
-from gp_jax.runs.serving import store
-from gp_jax.runs.serving import versions
+from gp_jax.serving.engine import config as served_config
+from gp_jax.serving.engine import session as session_lib
+from gp_jax.serving import settings as settings_lib
+from gp_jax.serving.http import app as app_lib
+from gp_jax.sim import served_events
 
 _CONFIG = common.define_config("experiments/configs/default.py",
                                "Only --config.* overrides are read (the workdir's config.json is "
-                               "the config); see gp_jax/runs/serving/session.SERVE_OVERRIDABLE.")
+                               "the config); see gp_jax/serving/engine/config.SERVE_OVERRIDABLE.")
 _WORKDIR = flags.DEFINE_string("workdir", "workdirs/alpha0.5", "Workdir of a training run.")
 _HOST = flags.DEFINE_string("host", "127.0.0.1", "Address to listen on.")
 _PORT = flags.DEFINE_integer("port", 8080, "Port (0: a free one, printed at start).")
@@ -105,15 +103,15 @@ _LEARN_BACKTRACK = flags.DEFINE_integer("learn_kl_backtrack", 3, "Halvings of an
                                          "it outright).")
 _LEARN_SHARE = flags.DEFINE_float("learn_max_key_share", 0.25, "Largest share of one update's "
                                   "episodes from one API key.")
-_LEARN_KEY_Z = flags.DEFINE_float("learn_key_check_z", 3.09, "Consistency guard: a key whose "
+_LEARN_KEY_Z = flags.DEFINE_float("learn_key_check_z", 3.09, "Consistency check: a key whose "
                                    "scores follow the router's value estimates less than the "
                                    "other keys' by more than this z (Fisher) is left out of "
                                    "updates; 0 = off.")
 _LEARN_KEY_MIN = flags.DEFINE_integer("learn_key_check_min", 32, "Feedbacks a key needs before "
-                                      "the consistency guard may leave it out.")
+                                      "the consistency check may leave it out.")
 _LEARN_SEED = flags.DEFINE_integer("learn_seed", 0, "Seed of the learner and the exploring "
                                    "decisions.")
-_SIM_EVENT = flags.DEFINE_string("sim_event", "", f"{' | '.join(pool_events.KINDS)}: serve "
+_SIM_EVENT = flags.DEFINE_string("sim_event", "", f"{' | '.join(served_events.KINDS)}: serve "
                                  "with a simulated pool event (simulator only): the drift "
                                  "study's event at request --sim_event_t of the training-query "
                                  "stream (docs/serving.md, Served pool events); '' = none.")
@@ -130,66 +128,48 @@ _FEEDBACK_RPS = flags.DEFINE_float("feedback_rps", 0.0, "Feedback per second per
                                    "client address without keys); 0 = no limit.")
 
 
-def _served_event() -> pool_events.ServedEvent | None:
-  """The --sim_event flags, with the drift study's settings as defaults (None: no event)."""
-  if not _SIM_EVENT.value:
-    given = [f.name for f in (_SIM_EVENT_LLM, _SIM_EVENT_T, _SIM_EVENT_DELTA, _SIM_EVENT_SCALE)
-             if flags.FLAGS[f.name].present]
-    if given:
-      raise errors.ConfigError(f"--{', --'.join(given)} need --sim_event")
+_SERVE_CONFIG = flags.DEFINE_string("serve_config", "experiments/configs/serve.py",
+                                    "The server's settings (a Python file with get_config()); "
+                                    "the flags above override its fields.")
+
+
+def _server_config():
+  """The --serve_config file's config with every flag given on the command line applied."""
+  config = common.load_config_file(_SERVE_CONFIG.value, "--serve_config")
+  for flag, field in settings_lib.FLAGS.items():
+    if flags.FLAGS[flag].present:
+      value = flags.FLAGS[flag].value
+      if flag == "allowed_hosts":
+        value = ",".join(value)
+      section, _, name = field.rpartition(".")
+      (config[section] if section else config)[name] = value
+  return config
+
+
+def _served_event(ev: settings_lib.SimEventSettings) -> served_events.ServedEvent | None:
+  """The served pool event, with the drift study's settings where not given (None: no event)."""
+  if not ev.kind:
     return None
-  return serve_router_process.drift_event(_SIM_EVENT.value, _SIM_EVENT_T.value,
-                                          _SIM_EVENT_LLM.value, _SIM_EVENT_DELTA.value,
-                                          _SIM_EVENT_SCALE.value)
+  return serve_router_process.drift_event(ev.kind, ev.t, ev.llm, ev.delta, ev.scale)
 
 
 @common.user_errors_exit_2
 def main(argv):
   del argv
-  if _KEEPALIVE.value <= 0 or (_MAX_QUEUE.value is not None and _MAX_QUEUE.value < 0):
-    raise errors.ConfigError("--keepalive_s must be > 0 and --max_queue >= 0, got "
-                             f"{_KEEPALIVE.value:g} and {_MAX_QUEUE.value}")
-  keys = auth.load(_KEYS.value) if _KEYS.value else None
-  auth.check_bind(_HOST.value, keys)   # before the slow start: refuse at once
-  # Bad limits are refused here too, before the router loads.
-  ratelimit.TokenBuckets(_RATE.value, _BURST.value, what="--rate_limit_rps")
-  ratelimit.TokenBuckets(_FEEDBACK_RPS.value, _BURST.value, what="--feedback_rps")
+  settings = settings_lib.from_config(_server_config())   # refused here, before the slow start
   overrides = config_flags.get_override_values(flags.FLAGS["config"])
-  config = session.load_config(_WORKDIR.value, overrides)
-  event = _served_event()
+  config = served_config.load_config(settings.workdir, overrides)
+  event = _served_event(settings.sim_event)
   if event is not None:
-    config = pool_events.apply(config, event)
-  memory = _MEMORY_PATH.value or str(pathlib.Path(_WORKDIR.value) / "served" / "memory.npz")
-  memory = None if memory == "none" else memory
-  state_dir = pathlib.Path(memory).parent if memory else pathlib.Path(_WORKDIR.value) / "served"
-  log = _ROUTE_LOG.value or (str(pathlib.Path(memory).with_name("routes.jsonl")) if memory else "")
-  log = None if log in ("", "none") else log
-  learn, versions_dir = None, None
-  if _LEARN.value:
-    learn = online.LearnSettings(every=_LEARN_EVERY.value, explore=_LEARN_EXPLORE.value,
-                                 canary_size=_LEARN_CANARY.value,
-                                 canary_margin=_LEARN_MARGIN.value, max_kl=_LEARN_KL.value,
-                                 kl_backtrack=_LEARN_BACKTRACK.value,
-                                 max_key_share=_LEARN_SHARE.value,
-                                 key_check_z=_LEARN_KEY_Z.value,
-                                 key_check_min=_LEARN_KEY_MIN.value, seed=_LEARN_SEED.value)
-    versions_dir = state_dir / versions.FOLDER
+    config = served_config.with_pool_event(config, event)
+  state_dir = settings.state_dir
+  if settings.learn is not None:
     # The settings a learning server ran with, in its served-state folder.
-    files.write_json(state_dir / "learn.json", learn.to_dict(), "the learning settings")
+    files.write_json(state_dir / "learn.json", settings.learn.to_dict(), "the learning settings")
   if event is not None:   # the pool this server's outcomes came from, next to its memory
-    files.write_json(state_dir / pool_events.FILE, event.to_dict(), "the served pool event")
-  namespace = _NAMESPACE.value or pathlib.Path(_WORKDIR.value).resolve().name
-  stored = store.StoreConfig(memory_path=memory, route_log=log, memory_url=_MEMORY_URL.value,
-                             namespace=namespace,
-                             segment_bytes=_SEGMENT.value, recover=_RECOVER.value)
-  s = session.RouterSession(config, _WORKDIR.value, max_concurrency=_MAX_CONCURRENCY.value,
-                            store_config=stored, max_key_share=_MAX_KEY_SHARE.value,
-                            sync_interval_s=_SYNC.value, default_task=_DEFAULT_TASK.value or None,
-                            max_queue=_MAX_QUEUE.value, learn=learn, versions_dir=versions_dir)
-  app.serve(s, host=_HOST.value, port=_PORT.value, max_body_bytes=_MAX_BODY.value,
-            deadline_s=_DEADLINE.value, keys=keys, allowed_hosts=tuple(_ALLOWED_HOSTS.value),
-            rate_limit_rps=_RATE.value, rate_limit_burst=_BURST.value,
-            feedback_rps=_FEEDBACK_RPS.value, keepalive_s=_KEEPALIVE.value)
+    files.write_json(state_dir / served_events.FILE, event.to_dict(), "the served pool event")
+  s = session_lib.RouterSession(config, settings.workdir, **settings.session_kwargs())
+  app_lib.serve(s, **dataclasses.asdict(settings.http))
 
 
 if __name__ == "__main__":

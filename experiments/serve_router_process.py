@@ -13,19 +13,19 @@ import time
 
 from gp_jax import errors
 from gp_jax import paths
-from gp_jax.runs.serving import pool_events
+from gp_jax.sim import served_events
 
 
 def drift_event(kind: str, t: int, llm: str = "", delta: float | None = None,
-                scale: float | None = None) -> pool_events.ServedEvent:
+                scale: float | None = None) -> served_events.ServedEvent:
   """A served pool event with the drift study's settings (experiments/configs/study.py:
   drift_llm, drift_delta, drift_price_scale) where not given: serve_router --sim_event's
   defaults, and the benchmark's retrained reference."""
   from experiments.configs import study as study_config
   study = study_config.get_config().study
-  return pool_events.ServedEvent(kind, llm or str(study.drift_llm), int(t),
-                                 float(study.drift_delta if delta is None else delta),
-                                 float(study.drift_price_scale if scale is None else scale))
+  return served_events.ServedEvent(kind, llm or str(study.drift_llm), int(t),
+                                   float(study.drift_delta if delta is None else delta),
+                                   float(study.drift_price_scale if scale is None else scale))
 
 _READY = re.compile(r"serving \S+ .* on (http://\S+)/v1")
 

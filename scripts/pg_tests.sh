@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# PostgreSQL stage (separate from the unit tests): the replica store gp_jax/runs/serving/pg_store.py
+# PostgreSQL stage (separate from the unit tests): the replica store gp_jax/serving/state/postgres.py
 # and two serve_router replicas on one database, against a real PostgreSQL server that the tests
 # start (scripts/postgres.sh: a throwaway cluster on 127.0.0.1, installed first when missing) and
 # always stop. tests/pg/.

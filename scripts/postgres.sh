@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A throwaway local PostgreSQL for the replica store (gp_jax/runs/serving/pg_store.py) and its
+# A throwaway local PostgreSQL for the replica store (gp_jax/serving/state/postgres.py) and its
 # test stage (scripts/pg_tests.sh):
 #   bash scripts/postgres.sh install          installs PostgreSQL (Debian: apt-get) when missing
 #   bash scripts/postgres.sh start DIR PORT   a new cluster in DIR (installs first if needed),

@@ -2,7 +2,7 @@
 
 GP_JAX_TEST_SHUFFLE=<seed> runs the collected tests in a random order fixed by the seed (printed
 in the header), so a test that passes only after another one is found:
-    GP_JAX_TEST_SHUFFLE=3 python -m pytest -q tests/runs/serving/test_crash.py
+    GP_JAX_TEST_SHUFFLE=3 python -m pytest -q tests/serving/test_crash.py
 """
 import os
 import pathlib
@@ -61,10 +61,10 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def tiny_world():
-  from gp_jax.workflow import roles as roles_lib
   from gp_jax.llm import catalog as catalog_lib
   from gp_jax.sim import simulator as sim
   from gp_jax.workflow import mdp
+  from gp_jax.workflow import roles as roles_lib
   names = ["qwen2.5-7b-instruct", "llama3-chatqa-1.5-70b"]
   cat = catalog_lib.load_catalog().select(names)
   roles = roles_lib.load_roles().select(["planner", "executor", "summarizer"])

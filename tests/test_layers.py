@@ -8,13 +8,15 @@ Layers, bottom to top (docs/architecture in README's layout table):
   3  graph/ (GARNet, features, history memory), sim/ (the simulated world)
   4  rl/ (the PPO learner)
   5  baselines/ (routers), counselor/ (Graph Counselor)
-  6  runs/ (assembles systems from configs and runs experiments; serving)
+  6  runs/ (assembles systems from configs and runs experiments)
+  7  serving/ (the served router: http/, engine/, state/, learning/)
 A module imports from its own package (same top-level folder of gp_jax) or from a lower layer;
 the two layer-0 packages (root modules and util/) import each other and nothing above them, and
 the circle test holds for every module. The checker itself is tested on made-up import graphs
 that it must reject.
 Beyond that: graph/ and rl/ never import llm/ (the learner reaches LLMs only through the workflow
-environment), and nothing in gp_jax/ imports experiments/.
+environment), nothing in gp_jax/ imports experiments/, and serving/ never imports a study (gp_jax.runs.studies):
+the product server may assemble a router with runs/system.py, never run research.
 """
 import ast
 import pathlib
@@ -30,6 +32,7 @@ LAYERS = {
     "rl": 4,
     "baselines": 5, "counselor": 5,
     "runs": 6,
+    "serving": 7,
 }
 NEVER = {"graph": {"llm", "sim", "runs"}, "rl": {"llm", "sim", "runs"},
          "llm": {"workflow", "graph", "rl", "sim"}}
@@ -94,6 +97,8 @@ def _against_layering(graph: dict[str, set[str]]) -> list[str]:
       dst = _package(dep)
       if dst == "experiments":
         bad.append(f"{mod} -> {dep} (the library never imports the runners)")
+      elif src == "serving" and dep.startswith("gp_jax.runs.studies"):
+        bad.append(f"{mod} -> {dep} (serving/ never imports a study)")
       elif dst in NEVER.get(src, ()):
         bad.append(f"{mod} -> {dep} ({src}/ never imports {dst}/)")
       elif dst != src and LAYERS[dst] >= LAYERS[src] and not LAYERS[src] == LAYERS[dst] == 0:
@@ -153,6 +158,9 @@ def test_no_import_circle():
     ({"gp_jax.sim.simulator": {"gp_jax.graph.garnet"}}, "layer 3 importing layer 3"),
     ({"gp_jax.graph.features": {"gp_jax.llm.base"}}, "graph/ never imports llm/"),
     ({"gp_jax.runs.train": {"experiments.common"}}, "never imports the runners"),
+    ({"gp_jax.serving.engine.session": {"gp_jax.runs.studies.drift"}},
+     "serving/ never imports a study"),
+    ({"gp_jax.runs.system": {"gp_jax.serving.state.store"}}, "layer 6 importing layer 7"),
 ])
 def test_checker_rejects_a_bad_graph(graph, reason):
   """Each made-up import against the rules is reported, layer 0 included."""
@@ -163,7 +171,8 @@ def test_checker_rejects_a_bad_graph(graph, reason):
 def test_checker_accepts_what_the_rules_allow():
   graph = {"gp_jax.errors": {"gp_jax.util.aio"}, "gp_jax.util.aio": {"gp_jax.files"},
            "gp_jax.runs.train": {"gp_jax.rl.ppo", "gp_jax.errors"},
-           "gp_jax.rl.ppo": {"gp_jax.rl.batch", "gp_jax.graph.garnet"}}
+           "gp_jax.rl.ppo": {"gp_jax.rl.batch", "gp_jax.graph.garnet"},
+           "gp_jax.serving.engine.session": {"gp_jax.runs.system", "gp_jax.serving.state.store"}}
   assert _against_layering(graph) == []
 
 
@@ -198,3 +207,13 @@ def test_run_layer_functions_are_short():
         if lines > 60:
           long.append(f"{path.relative_to(ROOT)}:{node.lineno} {node.name} ({lines} lines)")
   assert not long, "run-layer functions over 60 lines:\n" + "\n".join(long)
+
+
+SERVING_MAX_LINES = 450
+
+
+def test_serving_modules_are_short():
+  """The served router is cut along its concepts: no module of gp_jax/serving over 450 lines."""
+  long = {str(p.relative_to(ROOT)): n for p in sorted((ROOT / "gp_jax" / "serving").rglob("*.py"))
+          if (n := len(p.read_text().splitlines())) > SERVING_MAX_LINES}
+  assert not long, f"serving modules over {SERVING_MAX_LINES} lines: {long}"

@@ -32,7 +32,7 @@ from gp_jax.baselines import labels as labels_lib
 from gp_jax.baselines import single_round
 from gp_jax.runs import evaluate as evaluation
 from gp_jax.runs import system as system_lib
-from gp_jax.runs.studies import runner as study_runner
+from gp_jax.util import config_overrides
 
 OPTIMUM = "optimum (DP)"
 # Per-seed numbers of each policy, from its "all"-domain evaluation row.
@@ -83,7 +83,7 @@ def seed_result(config, seed: int, alpha: float, routers: list[str], kwargs: dic
       progress_lib.note(f"[feasibility] seed {seed}: {msg}")
 
   t0 = time.time()
-  cfg = study_runner.apply_overrides(config, {"seed": int(seed), "alpha": float(alpha)})
+  cfg = config_overrides.apply(config, {"seed": int(seed), "alpha": float(alpha)})
   log("building the system")
   system = system_lib.build(cfg)
   if not system.simulated:

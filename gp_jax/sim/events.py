@@ -183,3 +183,29 @@ def from_config(c, *, llms: Sequence[str], domains: Iterable[str], tasks: Iterab
     raise errors.ConfigError("config.data.sim_events.splits is empty (name the query streams the "
                              "events follow, e.g. 'test')")
   return PoolEvents(events, splits)
+
+
+# The drift study's names of the events (gp_jax/runs/studies/drift.py) and the section each sets.
+STUDY_EVENTS = {"quality_drop": "quality", "price_rise": "price", "fail": "fail", "join": "join"}
+
+
+def config_overrides(event: str, llm: str, t: int, splits: str, *, delta: float = 0.0,
+                     price_scale: float = 1.0) -> dict:
+  """The dotted data.sim_events keys of one event, named as the drift study names it: `llm`
+  changes from position `t` of the streams of `splits` on (quality_drop shifts its skill by
+  `delta`, price_rise multiplies its prices by `price_scale`).
+
+  Raises:
+    ConfigError: an unknown event name.
+  """
+  if event not in STUDY_EVENTS:
+    raise errors.unknown_name("pool event", event, tuple(STUDY_EVENTS))
+  sec = f"data.sim_events.{STUDY_EVENTS[event]}"
+  extra = {"quality_drop": {"delta": delta}, "price_rise": {"scale": price_scale}}.get(event, {})
+  return {f"{sec}.llm": llm, **{f"{sec}.{k}": v for k, v in extra.items()}, f"{sec}.t": int(t),
+          "data.sim_events.splits": splits}
+
+
+def cleared_overrides() -> dict:
+  """Dotted keys that turn every configured event off."""
+  return {f"data.sim_events.{k}.llm": "" for k in KINDS}

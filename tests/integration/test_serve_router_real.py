@@ -14,7 +14,7 @@ import pytest
 from experiments import serve_router_process as process
 from experiments.configs import test as test_config
 from gp_jax.llm import catalog as catalog_lib
-from gp_jax.runs.serving import store
+from gp_jax.serving.state import route_log as route_log_lib
 
 pytestmark = pytest.mark.integration
 
@@ -56,6 +56,6 @@ def test_one_request_through_serve_router_to_vllm(vllm_backend, tmp_path):
     assert raw.headers["x-gp-route"] == ",".join(f"{s['role']}:{s['llm']}" for s in route)
   finally:
     srv.stop()
-  records = [r for r in store.read_log(log) if r["type"] == "route"]
+  records = [r for r in route_log_lib.read_log(log) if r["type"] == "route"]
   assert len(records) == 1 and records[0]["answer"] == c.choices[0].message.content
   assert all(call["output_text"] for call in records[0]["calls"])

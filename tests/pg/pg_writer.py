@@ -14,14 +14,14 @@ import sys
 
 import numpy as np
 
-from gp_jax.runs.serving import pg_store
-from gp_jax.runs.serving import store_api
+from gp_jax.serving.state import postgres
+from gp_jax.serving.state import store_api
 
 ROW_DIM, NUM_HUBS = 6, 4
 
 
 def main(url: str, namespace: str, prefix: str, n: int, hold_s: float = 0.0) -> None:
-  store = pg_store.PostgresStore(url, row_dim=ROW_DIM, num_hubs=NUM_HUBS, namespace=namespace)
+  store = postgres.PostgresStore(url, row_dim=ROW_DIM, num_hubs=NUM_HUBS, namespace=namespace)
   print("ready", flush=True)
   for i in range(n):
     store._hold_before_commit_s = hold_s * ((i + len(prefix)) % 4)

@@ -18,8 +18,8 @@ import pytest
 
 from gp_jax import errors
 from gp_jax import paths
-from gp_jax.runs.serving import pg_store
-from gp_jax.runs.serving import store_api
+from gp_jax.serving.state import postgres
+from gp_jax.serving.state import store_api
 
 pytestmark = pytest.mark.pg
 
@@ -27,8 +27,8 @@ ROW_DIM, NUM_HUBS = 6, 4   # as tests/pg/pg_writer.py
 WRITER = pathlib.Path(__file__).with_name("pg_writer.py")
 
 
-def _store(url, namespace, **kw) -> pg_store.PostgresStore:
-  return pg_store.PostgresStore(url, row_dim=kw.pop("row_dim", ROW_DIM),
+def _store(url, namespace, **kw) -> postgres.PostgresStore:
+  return postgres.PostgresStore(url, row_dim=kw.pop("row_dim", ROW_DIM),
                                 num_hubs=kw.pop("num_hubs", NUM_HUBS), namespace=namespace, **kw)
 
 

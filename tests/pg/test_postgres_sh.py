@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 
 from gp_jax import errors
-from gp_jax.runs.serving import pg_store
-from gp_jax.runs.serving import store_api
+from gp_jax.serving.state import postgres
+from gp_jax.serving.state import store_api
 
 pytestmark = pytest.mark.pg
 
@@ -41,7 +41,7 @@ def test_server_restart_under_a_live_store_loses_nothing():
     assert url.startswith("postgresql://gp_jax:") and url.endswith(f"@127.0.0.1:{port}/gp_jax")
     assert _sh("start", folder, port).stdout.strip() == url   # already running: same URL
     assert _sh("url", folder).stdout.strip() == url
-    store = pg_store.PostgresStore(url, row_dim=3, num_hubs=2, namespace="restart",
+    store = postgres.PostgresStore(url, row_dim=3, num_hubs=2, namespace="restart",
                                    connect_timeout_s=2)
     rows = np.ones((2, 3), np.float32)
     assert store.add_feedback(store_api.Feedback(0, "a", None, 1.0, rows,

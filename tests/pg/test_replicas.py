@@ -16,7 +16,7 @@ import pytest
 
 from experiments import serve_router_process as process
 from experiments.configs import test as test_config
-from gp_jax.runs.serving import pg_store
+from gp_jax.serving.state import postgres
 
 pytestmark = pytest.mark.pg
 
@@ -163,7 +163,7 @@ def test_kill_9_of_a_replica_loses_nothing_acknowledged(replicas, workdir, pg_ur
   worker.join(120)
   assert len(acked) >= 5, a.log_tail()
   # The store holds every feedback A acknowledged, B's memory counts them, and B refuses them.
-  with pg_store.PostgresStore(pg_url, row_dim=2 * test_config.get_config().model.mem_proj + 3,
+  with postgres.PostgresStore(pg_url, row_dim=2 * test_config.get_config().model.mem_proj + 3,
                               num_hubs=_num_hubs(), namespace=ns) as store:
     missing = [rid for rid in acked if not store.has_feedback(rid)]
     assert not missing

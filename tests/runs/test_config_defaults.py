@@ -17,7 +17,7 @@ from gp_jax.runs import config_defaults
 from gp_jax.runs import ppo_config
 from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
-from gp_jax.runs.serving import session as session_lib
+from gp_jax.serving.engine import config as served_config
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 FIELDS = config_defaults.FIELDS
@@ -65,7 +65,7 @@ def _old_record(tmp_path):
 
 def test_an_old_workdir_record_loads_with_the_defaults(tmp_path):
   _old_record(tmp_path)
-  config = session_lib.load_config(tmp_path, {})
+  config = served_config.load_config(tmp_path, {})
   flat = workdir_config.flatten(config)
   for key, value in FIELDS.items():
     if key.split(".")[0] in config_defaults.OPTIONAL_SECTIONS:

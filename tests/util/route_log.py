@@ -1,9 +1,10 @@
-"""Route logs for the export tests, written by the server's own route-log writer (store.RouteLog)
-with records shaped as serve_router writes them (gp_jax/runs/serving/session.py)."""
+"""Route logs for the export tests, written by the server's own route-log writer
+(route_log.RouteLog) with records shaped as serve_router writes them
+(gp_jax/serving/engine/session.py)."""
 import pathlib
 from typing import Iterable, Sequence
 
-from gp_jax.runs.serving import store
+from gp_jax.serving.state import route_log as route_log_lib
 
 
 def call(role: str, llm: str, input_text: str, output_text: str = "ok", step: int = 0) -> dict:
@@ -29,7 +30,7 @@ def route(rid: str, task: str, query: str, calls: Sequence[dict]) -> dict:
 def write(path: pathlib.Path, served: Iterable[tuple[dict, float | None]]) -> pathlib.Path:
   """Writes each (route record, feedback score or None) to a route log at `path`, the feedback
   line right after its request's line; returns the path."""
-  log = store.RouteLog(path)
+  log = route_log_lib.RouteLog(path)
   try:
     for record, score in served:
       log.append(record)

@@ -63,6 +63,8 @@ from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
 from gp_jax.runs.studies import runner as runner_lib
+from gp_jax.sim import events as sim_events
+from gp_jax.util import config_overrides
 from gp_jax.workflow import policies
 
 STUDY = "drift"
@@ -175,16 +177,11 @@ def missing_arms(cell: dict, wanted) -> list[str]:
 
 def event_overrides(kind: str, s: Settings, config) -> tuple[dict, dict]:
   """(evaluation overrides: the event at s.t of the test stream, retraining overrides: the event
-  on every training query) as dotted config keys."""
-  pre = "data.sim_events"
-  fields = {"quality_drop": ("quality", s.llm, {"delta": s.delta}),
-            "price_rise": ("price", s.llm, {"scale": s.price_scale}),
-            "fail": ("fail", s.llm, {}),
-            "join": ("join", s.join_llm, {})}[kind]
-  sec, llm, extra = fields
-  common = {f"{pre}.{sec}.llm": llm, **{f"{pre}.{sec}.{k}": v for k, v in extra.items()}}
-  ev = {**common, f"{pre}.{sec}.t": s.t, f"{pre}.splits": "test"}
-  re = {**common, f"{pre}.{sec}.t": 0, f"{pre}.splits": "train"}
+  on every training query) as dotted config keys (gp_jax/sim/events.config_overrides)."""
+  llm = s.join_llm if kind == "join" else s.llm
+  kw = dict(delta=s.delta, price_scale=s.price_scale)
+  ev = sim_events.config_overrides(kind, llm, s.t, "test", **kw)
+  re = sim_events.config_overrides(kind, llm, 0, "train", **kw)
   if kind == "join":   # evaluated (and retrained) on the pool with the new LLM
     pool = system_lib.configured_llms(config)
     ev["llms"] = re["llms"] = ",".join(pool + [llm] if llm not in pool else pool)
@@ -234,7 +231,7 @@ class DriftRunner:
     self._fitted: dict[tuple, tuple] = {}
     for kind in self.s.events:    # fail fast on bad overrides
       for o in event_overrides(kind, self.s, config):
-        runner_lib.apply_overrides(config, o)
+        config_overrides.apply(config, o)
 
   def _log(self, msg: str) -> None:
     if self.verbose:
@@ -281,7 +278,7 @@ class DriftRunner:
     return self._runs[key]
 
   def _train(self, overrides: dict, seed: int):
-    cfg = runner_lib.apply_overrides(self.config, {"seed": int(seed), **overrides})
+    cfg = config_overrides.apply(self.config, {"seed": int(seed), **overrides})
     sysm = system_lib.build(cfg)
     tdir = self.workdir / "train" / f"{runner_lib.variant_key(overrides)}_seed{seed}"
     training.train(cfg, tdir, system=sysm, verbose=self.verbose)
@@ -311,8 +308,8 @@ class DriftRunner:
     ev, re = event_overrides(kind, self.s, self.config)
     pre = pre_event_overrides(kind, self.s, self.config)
     tcfg, tsys, model, params, hist, tdir = self._trained(pre, seed)
-    esys = system_lib.build(runner_lib.apply_overrides(
-        runner_lib.apply_overrides(self.config, {"seed": int(seed)}), ev))
+    esys = system_lib.build(config_overrides.apply(
+        config_overrides.apply(self.config, {"seed": int(seed)}), ev))
     alpha = float(tcfg.alpha)
     env = esys.env(alpha)
     event_llm = self.s.join_llm if kind == "join" else self.s.llm

@@ -45,6 +45,7 @@ from gp_jax.runs import train as training
 from gp_jax.runs import workdir as workdir_config
 from gp_jax.sim import optimal
 from gp_jax.util import aio
+from gp_jax.util import config_overrides
 from gp_jax.workflow import policies
 
 CELL_FILE = "cell.json"
@@ -81,22 +82,6 @@ class Variant:
   routers: tuple = ()
   held_out: tuple = ()
   split_agreement: bool = False
-
-
-def apply_overrides(config, overrides: dict):
-  """A copy of `config` with dotted-key overrides applied; unknown keys are a ConfigError."""
-  cfg = config.copy_and_resolve_references()
-  for key, value in overrides.items():
-    parent, parts = cfg, key.split(".")
-    for p in parts[:-1]:
-      if p not in parent:
-        raise errors.ConfigError(f"unknown config field {key!r}")
-      parent = parent[p]
-    name = parts[-1]
-    if name not in parent:
-      raise errors.ConfigError(f"unknown config field {key!r}")
-    parent[name] = value
-  return cfg
 
 
 def variant_key(overrides: dict) -> str:
@@ -259,7 +244,7 @@ class StudyRunner:
         check_few_shot(int(v.few_shot), int(v.few_shot_updates), int(v.few_shot_rounds))
       for r in v.routers:
         single_round.make_router(r, **(router_kwargs or {}))
-      apply_overrides(apply_overrides(config, v.train), v.evaluate)   # fail fast on bad keys
+      config_overrides.apply(config_overrides.apply(config, v.train), v.evaluate)   # fail fast on bad keys
     self.config, self.study, self.variants = config, study, variants
     self.workdir = pathlib.Path(workdir)
     self.router_kwargs = router_kwargs or {}
@@ -315,13 +300,13 @@ class StudyRunner:
 
   def run_cell(self, v: Variant, seed: int) -> dict:
     t0 = time.time()
-    base = apply_overrides(self.config, {"seed": int(seed)})
-    tcfg = apply_overrides(base, v.train)
+    base = config_overrides.apply(self.config, {"seed": int(seed)})
+    tcfg = config_overrides.apply(base, v.train)
     tsys = self._system(tcfg, ("train", variant_key(v.train), seed))
     tdir = self.workdir / "train" / f"{variant_key(v.train)}_seed{seed}"
     summary = training.train(tcfg, tdir, system=tsys, verbose=self.verbose)
     model, params, history = training.load_router(tcfg, tdir, tsys)
-    ecfg = apply_overrides(tcfg, v.evaluate)
+    ecfg = config_overrides.apply(tcfg, v.evaluate)
     ekey = ("eval", variant_key(v.train), variant_key(v.evaluate), seed)
     esys = self._system(ecfg, ekey) if v.evaluate else tsys
     model = garnet.for_action_space(model, esys.space)   # a factored head counts LLMs per role

@@ -17,18 +17,19 @@ from gp_jax.runs import train as training
 from gp_jax.runs.studies import definitions
 from gp_jax.runs.studies import report
 from gp_jax.runs.studies import runner
+from gp_jax.util import config_overrides
 from gp_jax.workflow import mdp
 from gp_jax.workflow import roles as roles_lib
 
 
 def test_apply_overrides_sets_nested_fields_and_rejects_unknown():
   c = study_config.get_config("test")
-  d = runner.apply_overrides(c, {"mdp.phase1_depth": 1, "roles": "planner,executor,summarizer"})
+  d = config_overrides.apply(c, {"mdp.phase1_depth": 1, "roles": "planner,executor,summarizer"})
   assert d.mdp.phase1_depth == 1 and c.mdp.phase1_depth == 0     # the original is untouched
   with pytest.raises(errors.ConfigError, match="unknown config field 'mdp.nope'"):
-    runner.apply_overrides(c, {"mdp.nope": 1})
+    config_overrides.apply(c, {"mdp.nope": 1})
   with pytest.raises(errors.ConfigError, match="unknown config field"):
-    runner.apply_overrides(c, {"nosuch.field": 1})
+    config_overrides.apply(c, {"nosuch.field": 1})
 
 
 def test_remap_history_by_role_and_llm_name():
@@ -98,7 +99,7 @@ def test_learner_study_arms():
   assert vs["study"].train == {} and vs["sweep_ppo"].train == definitions.SWEEP_PPO
   for name, option in definitions.LEARNER_OPTIONS.items():   # each option alone on sweep_ppo
     assert vs[name].train == {**definitions.SWEEP_PPO, **option}
-    runner.apply_overrides(c, vs[name].train)                 # every key exists in the config
+    config_overrides.apply(c, vs[name].train)                 # every key exists in the config
   assert all(v.routers == ("mlp",) and v.split_agreement for v in vs.values())
   c.study.learner_combined = "forced, gamma1"
   combined = definitions.variants("learner", c)[-1]
