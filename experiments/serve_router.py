@@ -67,6 +67,10 @@ _RECOVER = flags.DEFINE_bool("memory_recover", False,
 _DEFAULT_TASK = flags.DEFINE_string("default_task", "",
                                     "Task family of requests without metadata.task ('' = mmlu "
                                     "on the simulator, the first training task otherwise).")
+_POLICY_THREAD = flags.DEFINE_enum("policy_thread", "auto", ["auto", "loop", "thread"],
+                                   "Where the batched policy calls run: the event loop, the "
+                                   "compute thread, or auto (the loop when the largest batch's "
+                                   "call takes at most 2 ms at start; /health says which).")
 _MAX_QUEUE = flags.DEFINE_integer("max_queue", None,
                                   "Requests that may wait for a workflow slot (default 4 x "
                                   "--max_concurrency); more get 429 with Retry-After at once.")

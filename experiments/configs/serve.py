@@ -31,6 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.engine.max_concurrency = 64            # requests whose workflows run at once
   c.engine.max_queue = None                # requests waiting for a slot (None: 4 x max_concurrency)
   c.engine.default_task = ""               # task of requests without metadata.task ('' = auto)
+  c.engine.policy_thread = "auto"          # where policy calls run: auto | loop | thread
 
   c.state = ml_collections.ConfigDict()
   c.state.memory_path = ""                 # '' = <workdir>/served/memory.npz; 'none' = RAM only

@@ -12,6 +12,7 @@ import pathlib
 
 from gp_jax import config_lists
 from gp_jax import errors
+from gp_jax.serving.engine import placement
 from gp_jax.serving.http import auth
 from gp_jax.serving.http import limits
 from gp_jax.serving.learning import learner as learner_lib
@@ -27,7 +28,7 @@ FLAGS = {
     "rate_limit_rps": "http.rate_limit_rps", "rate_limit_burst": "http.rate_limit_burst",
     "feedback_rps": "http.feedback_rps",
     "max_concurrency": "engine.max_concurrency", "max_queue": "engine.max_queue",
-    "default_task": "engine.default_task",
+    "default_task": "engine.default_task", "policy_thread": "engine.policy_thread",
     "memory_path": "state.memory_path", "route_log": "state.route_log",
     "route_log_segment_bytes": "state.route_log_segment_bytes",
     "memory_url": "state.memory_url", "memory_namespace": "state.memory_namespace",
@@ -78,6 +79,7 @@ class ServerSettings:
   max_concurrency: int
   max_queue: int | None
   default_task: str | None
+  policy_thread: str
   state: dict            # the config's state section (store_config and state_dir read it)
   learn: learner_lib.LearnSettings | None
   sim_event: SimEventSettings
@@ -107,7 +109,8 @@ class ServerSettings:
   def session_kwargs(self) -> dict:
     """The keyword arguments of engine/session.RouterSession besides config and workdir."""
     return dict(max_concurrency=self.max_concurrency, max_queue=self.max_queue,
-                default_task=self.default_task, store_config=self.store_config(),
+                default_task=self.default_task, policy_thread=self.policy_thread,
+                store_config=self.store_config(),
                 max_key_share=float(self.state["max_key_share"]),
                 sync_interval_s=float(self.state["sync_interval_s"]), learn=self.learn,
                 versions_dir=(self.state_dir / versions_lib.FOLDER) if self.learn is not None
@@ -145,9 +148,12 @@ def from_config(c) -> ServerSettings:
     if given:
       names = {v: k for k, v in FLAGS.items()}
       raise errors.ConfigError(f"--{', --'.join(names[g] for g in given)} need --sim_event")
+  if str(e.policy_thread) not in placement.POLICY_THREADS:
+    raise errors.unknown_name("--policy_thread", str(e.policy_thread), placement.POLICY_THREADS)
   learn = None
   if c.learn.enabled:
     learn = learner_lib.LearnSettings(**{k: c.learn[k] for k in LEARN_FIELDS})
   return ServerSettings(str(c.workdir), http, int(e.max_concurrency),
                         None if e.max_queue is None else int(e.max_queue),
-                        str(e.default_task) or None, dict(c.state.to_dict()), learn, event)
+                        str(e.default_task) or None, str(e.policy_thread),
+                        dict(c.state.to_dict()), learn, event)

@@ -22,6 +22,7 @@ import pytest
 
 from experiments import serve_router_process as process
 from experiments.configs import test as test_config
+from gp_jax import errors
 from gp_jax.llm import testing_server
 from gp_jax.serving.engine import config as served_config
 from gp_jax.serving.engine import conversation as conversation_lib
@@ -368,11 +369,16 @@ def test_conversation_block_is_capped_system_first_newest_turns():
   assert conversation_lib.render([{"role": "user", "content": "only the query"}]) == ""
 
 
-def test_on_the_simulator_context_keeps_the_query_and_compute_runs_off_the_loop(workdir):
+@pytest.mark.parametrize("policy_thread", ["thread", "loop"])
+def test_on_the_simulator_context_keeps_the_query_and_compute_runs_where_asked(workdir,
+                                                                              policy_thread):
   """In process: with a conversation the simulator still reads every call's question (no call
-  fails to be recognised); the policy calls and text encoding run in the worker thread."""
+  fails to be recognised); a request's first encoding runs in the worker thread (a call's row,
+  with the hashing encoder, on the loop), and the policy calls where policy_thread says (the
+  worker thread, or the event loop's)."""
   from gp_jax.serving.engine import session as session_lib
-  s = session_lib.RouterSession(served_config.load_config(workdir, {}), workdir, max_concurrency=2)
+  s = session_lib.RouterSession(served_config.load_config(workdir, {}), workdir, max_concurrency=2,
+                                policy_thread=policy_thread)
   threads = set()
   act_each, encode = s.runner.act_each, s.featurizer.encoder.encode
 
@@ -393,23 +399,50 @@ def test_on_the_simulator_context_keeps_the_query_and_compute_runs_off_the_loop(
     try:
       plain = await s.complete(QUERY, rid="chatcmpl-a", seed=3)
       with_context = await s.complete(QUERY, rid="chatcmpl-b", seed=3, conversation=context)
-      return plain, with_context
+      return plain, with_context, threading.current_thread().name
     finally:
       await s.aclose()
 
-  plain, with_context = asyncio.run(run())
+  plain, with_context, loop_thread = asyncio.run(run())
   assert with_context.record["query"] == plain.record["query"]
   assert all(c["error"] is None for c in with_context.record["calls"])
-  assert {kind for kind, _ in threads} == {"policy", "encode"}
-  assert all(name.startswith("router-compute") for _, name in threads), threads
+  assert s.rows_on_loop   # the test config's hashing encoder
+  assert {name for kind, name in threads if kind == "encode"} == {"router-compute_0",
+                                                                  loop_thread}, threads
+  policy = {name for kind, name in threads if kind == "policy"}
+  assert policy == ({"router-compute_0"} if policy_thread == "thread" else {loop_thread}), threads
+  assert s.health()["decisions"]["on_loop"] == (policy_thread == "loop")
 
 
-def test_each_decision_costs_one_compute_hop_and_reads_the_calls_before_it(workdir):
-  """In process: a request of k decisions waits for the compute thread k times (its encoding and
-  first observation in one hop, then each call's memory row with the next observation), and
-  decision i reads the memory rows of exactly the first i calls of its route."""
+def test_auto_runs_a_cheap_policy_on_the_loop_and_a_slow_one_off_it(workdir, monkeypatch):
+  """policy_thread="auto" times the largest batch's call at start: within INLINE_POLICY_S the
+  calls run on the loop, beyond it in the compute thread; /health says which."""
+  from gp_jax.serving.engine import placement
+  from gp_jax.serving.engine import session as session_lib
+  config = served_config.load_config(workdir, {})
+  for limit, on_loop in ((10.0, True), (0.0, False)):
+    monkeypatch.setattr(placement, "INLINE_POLICY_S", limit)
+    s = session_lib.RouterSession(config, workdir, max_concurrency=2)
+    try:
+      d = s.health()["decisions"]
+      assert d["on_loop"] is on_loop and d["largest_call_s"] > 0
+    finally:
+      asyncio.run(s.aclose())
+  with pytest.raises(errors.ConfigError, match="policy_thread"):
+    session_lib.RouterSession(config, workdir, policy_thread="gpu")
+
+
+@pytest.mark.parametrize("rows_on_loop", [True, False])
+def test_compute_hops_per_request_and_each_decision_reads_the_calls_before_it(workdir,
+                                                                             rows_on_loop):
+  """In process: a request waits for the compute thread once (its encoding and first
+  observation); with a cheap encoder (rows_on_loop) each call's memory row and the next
+  observation are made on the loop, else each costs one more hop; decision i reads the memory
+  rows of exactly the first i calls of its route."""
   from gp_jax.serving.engine import session as session_lib
   s = session_lib.RouterSession(served_config.load_config(workdir, {}), workdir, max_concurrency=2)
+  assert s.rows_on_loop   # the test config's hashing encoder
+  s.rows_on_loop = rows_on_loop   # as a server with an expensive encoder runs
   hops, seen = [], []
   off_loop, observe = s._off_loop, s.featurizer.observe
 
@@ -431,8 +464,9 @@ def test_each_decision_costs_one_compute_hop_and_reads_the_calls_before_it(workd
 
   served = asyncio.run(run())
   decisions = [x.record["timing"]["decisions"] for x in served]
-  assert len(hops) == len(seen) == sum(decisions) and min(decisions) >= 1
+  assert len(seen) == sum(decisions) and min(decisions) >= 1
   assert hops.count("_first_observation") == len(served)
+  assert len(hops) == (len(served) if rows_on_loop else sum(decisions))
   at = 0
   for x, k in zip(served, decisions):
     calls = [types.SimpleNamespace(**c) for c in x.record["calls"]]

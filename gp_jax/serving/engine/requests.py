@@ -131,9 +131,14 @@ class Requests:
           episode.rewards.append(res.reward)   # -alpha x cost; the feedback score joins it
         finish = res.finish_reason if final else finish
         if not state.done:   # the last call's row would be read by no decision
-          (rows, obs), dt = await self._off_loop(self._next_observation, state, res.call, t_emb,
-                                                 q_emb, rows, self.env.mask(state))
-          compute_s += dt
+          args = (state, res.call, t_emb, q_emb, rows, self.env.mask(state))
+          if self.rows_on_loop:
+            t2 = time.perf_counter()
+            rows, obs = self._next_observation(*args)
+            compute_s += time.perf_counter() - t2
+          else:
+            (rows, obs), dt = await self._off_loop(self._next_observation, *args)
+            compute_s += dt
     except asyncio.CancelledError:
       self._log_cancelled(rid, request_id, [_call_record(c) for c in state.calls], calling)
       raise
@@ -163,8 +168,10 @@ class Requests:
     return t_emb, q_emb, rows, self.featurizer.observe(state, t_emb, q_emb, rows, mask)
 
   def _next_observation(self, state, call, t_emb, q_emb, rows, mask) -> tuple:
-    """Compute thread: the workflow memory rows with `call`'s row added, and the next decision's
-    observation (one hop per decision)."""
+    """The workflow memory rows with `call`'s row added (its texts encoded), and the next
+    decision's observation. On the loop when the encoder is cheap (rows_on_loop: a hop to the
+    compute thread and back costs the loop more than this, and waits behind the other requests'
+    work at every decision), else in the compute thread."""
     rows = np.concatenate([rows, self.featurizer.memory_rows([call], None)])
     return rows, self.featurizer.observe(state, t_emb, q_emb, rows, mask)
 

@@ -56,6 +56,7 @@ from gp_jax.runs import train as training
 from gp_jax.serving.engine import admission as admission_lib
 from gp_jax.serving.engine import errors as errors_lib
 from gp_jax.serving.engine import feedback as feedback_lib
+from gp_jax.serving.engine import placement
 from gp_jax.serving.engine import requests as requests_lib
 from gp_jax.serving.learning import learner as learner_lib
 from gp_jax.serving.state import memory as memory_lib
@@ -80,6 +81,9 @@ class RouterSession(requests_lib.Requests):
       largest decision batch.
     max_queue: requests that may wait for a slot (None: 4 x max_concurrency); one more is
       refused at once (OVERLOADED: server_overloaded).
+    policy_thread: where the batched policy calls run: "loop" (the event loop), "thread" (the
+      compute thread, off the loop), "auto" (engine/placement.py: the loop when the largest
+      batch's call is cheap at start, else the thread).
     memory_path: the memory file (None: the memory lives in RAM only).
     route_log: the route log file (None: in RAM only).
     store_config: where the state is kept (state/store.StoreConfig; overrides memory_path and
@@ -97,11 +101,13 @@ class RouterSession(requests_lib.Requests):
                max_key_share: float | None = 0.25, sync_interval_s: float = 1.0,
                default_task: str | None = None, pool: base.LLMPool | None = None,
                max_queue: int | None = None, learn: learner_lib.LearnSettings | None = None,
-               versions_dir=None):
+               versions_dir=None, policy_thread: str = "auto"):
     self.counters = collections.Counter()
     self.admissions = admission_lib.Admissions(max_concurrency, max_queue, self.counters)
     if not sync_interval_s > 0:
       raise errors.ConfigError(f"--sync_interval_s must be > 0, got {sync_interval_s}")
+    if policy_thread not in placement.POLICY_THREADS:
+      raise errors.unknown_name("policy_thread", policy_thread, placement.POLICY_THREADS)
     training.enable_compile_cache(config.compile_cache)
     self.workdir = pathlib.Path(workdir)
     self._load_router(config, pool, default_task)
@@ -124,7 +130,7 @@ class RouterSession(requests_lib.Requests):
           self.store, self.memory, self.featurizer, counters=self.counters,
           sync_interval_s=sync_interval_s, compact_rows=max(4096, self.history.capacity // 4),
           snapshot=self._snapshot, executor=store_io)
-      self._start_policy(max_concurrency, learn)
+      self._start_policy(max_concurrency, learn, policy_thread)
       self._start_learner(config, learn, versions_dir)
       if restored is None:   # the store holds the memory from the start (the checkpoint's)
         self.store.write_base(*self._snapshot())
@@ -168,6 +174,7 @@ class RouterSession(requests_lib.Requests):
     self.model, self.params, self.history = training.load_router(config, self.workdir, system)
     self.history.capacity = int(config.model.history_capacity)
     self.simulated = config.data.source == "simulated"
+    self.text_encoder = config.text.encoder
     self.tasks = list(sim.TASKS) if self.simulated else _file_tasks()
     self.default_task = default_task or (DEFAULT_SIM_TASK if self.simulated
                                          else system.train_queries[0].task_name)
@@ -179,17 +186,19 @@ class RouterSession(requests_lib.Requests):
     executors = system.space.roles.indices_of_kind("executor")
     self.executor = system.space.roles.roles[executors[0]]
 
-  def _start_policy(self, max_concurrency: int, learn: learner_lib.LearnSettings | None) -> None:
+  def _start_policy(self, max_concurrency: int, learn: learner_lib.LearnSettings | None,
+                    policy_thread: str) -> None:
     """The batched policy over the memory, compiled by one warm-up decision per batch size and
     one pass of the history row transforms per size the memory can grow to. A learning server's
     exploring requests sample their decisions (with the learner's seed) in the same policy calls
-    as the greedy ones."""
+    as the greedy ones. The calls run on the loop or in the compute thread (policy_thread)."""
     self.runner = rollout.PolicyRunner(self.model, self.featurizer.hub_features,
                                        max(BATCH_BUCKETS), featurizer=self.featurizer)
     self.runner.set_params(self.params, self.history if self.reads_memory else None)
     buckets = tuple(b for b in BATCH_BUCKETS if b < max_concurrency) + (max_concurrency,)
-    # One worker thread for the router's compute (policy calls, text encoding): off the event
-    # loop, one at a time (JAX uses its own threads within a call).
+    # One worker thread for the router's heavier compute (text encoding; the policy calls unless
+    # they run on the loop): off the event loop, one at a time (JAX uses its own threads within
+    # a call).
     self._compute = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="router-compute")
     self._index = self._new_index()
     self.batcher = decisions.DecisionBatcher(
@@ -197,9 +206,24 @@ class RouterSession(requests_lib.Requests):
         key=jax.random.PRNGKey(learn.seed) if learn is not None else None,
         prepare=self._with_retrieval if self._index is not None else None)
     self.memory.attach(self.runner, self.params, on_evict=self._reset_index)
-    self.batcher.warm_up(*self._warm_up_observation())
+    obs, q_emb = self._warm_up_observation()
+    self.batcher.warm_up(obs, q_emb)
     if self.reads_memory:   # feedback and swaps then compile nothing on the event loop
       self.runner.warm_up_rows(self.history)
+    self.policy_call_s = placement.time_largest_call(self.batcher, obs, q_emb)
+    on_loop = placement.policy_on_loop(policy_thread, self.policy_call_s)
+    self.batcher.executor = None if on_loop else self._compute
+    self.rows_on_loop = placement.rows_on_loop(str(self.text_encoder))
+
+  def _time_encoding(self) -> float:
+    """The median seconds of encoding two texts the encoder has not seen (its cache misses)."""
+    times = []
+    for i in range(5):
+      texts = [f"warm-up input text {i} " * 40, f"warm-up output text {i} " * 40]
+      t0 = time.perf_counter()
+      self.featurizer.encoder.encode(texts)
+      times.append(time.perf_counter() - t0)
+    return float(np.median(times))
 
   def _warm_up_observation(self) -> tuple[dict, np.ndarray]:
     """The first observation of a made-up request, and its query embedding (compiling)."""
@@ -353,7 +377,9 @@ class RouterSession(requests_lib.Requests):
                 max_queue=self.max_queue, counters=dict(self.counters),
                 decisions=dict(policy_calls=b.calls, decisions=b.decisions,
                                mean_batch=b.decisions / b.calls if b.calls else 0.0,
-                               policy_s=b.act_s),
+                               policy_s=b.act_s, on_loop=b.executor is None,
+                               largest_call_s=self.policy_call_s,
+                               rows_on_loop=self.rows_on_loop),
                 memory=dict((k, v) for k, v in self.memory_info().items()
                             if k not in ("per_hub", "per_key")),
                 router=(self.learner.info() if self.learner is not None

@@ -79,37 +79,50 @@ CHAT_PATH = "/v1/chat/completions"
 
 
 @web.middleware
-async def finish_despite_disconnect(request: web.Request, handler):
-  """A client that disconnects cancels its chat completion (the server runs with aiohttp's
+async def front(request: web.Request, handler):
+  """The one middleware: every request, in this order, is
+    1. counted by endpoint and status, with its latency (status 499 when the client went away
+       before an answer: the handler was cancelled);
+    2. given `x-request-id` on its response: the client's (printable ASCII, at most 128
+       characters) or, when absent or unsafe, a new one;
+    3. answered with an OpenAI-format error for any failure (the server stays up);
+    4. checked by the gate (gate.py: Host, Content-Type, key, role, rate limits) before its
+       handler.
+  A client that disconnects cancels its chat completion (the server runs with aiohttp's
   handler_cancellation); every other request (feedback, reads) runs to its end regardless, so a
   write that was started is finished and logged."""
   if request.path == CHAT_PATH:
-    return await handler(request)
-  return await asyncio.shield(handler(request))
+    return await _observed(request, handler)
+  return await asyncio.shield(_observed(request, handler))
 
 
-@web.middleware
-async def request_ids(request: web.Request, handler):
-  """Every response carries `x-request-id`: the client's (printable ASCII, at most 128
-  characters) or, when absent or unsafe, a new one."""
+async def _observed(request: web.Request, handler):
+  """Steps 1 and 2 of `front` around `_answered`."""
+  t0 = time.perf_counter()
   given = request.headers.get("x-request-id")
   xrid = given if given is not None and _CLIENT_REQUEST_ID.fullmatch(given) else (
       "req-" + uuid.uuid4().hex)
   request[app_keys.REQUEST_ID_KEY] = xrid
+  status = 499   # the client went away before an answer (the handler was cancelled)
   try:
-    resp = await handler(request)
-  except web.HTTPException as e:
+    resp = await _answered(request, handler)
+    status = resp.status
+  except web.HTTPException as e:   # below 400 (_answered turns the rest into error bodies)
+    status = e.status
     e.headers["x-request-id"] = xrid
     raise
+  finally:
+    request.app[app_keys.METRICS_KEY].request(_endpoint(request), status,
+                                              time.perf_counter() - t0)
   if not resp.prepared:   # a stream sent its headers itself
     resp.headers["x-request-id"] = xrid
   return resp
 
 
-@web.middleware
-async def openai_errors(request: web.Request, handler):
-  """Every failure as an OpenAI-format error; the server stays up."""
+async def _answered(request: web.Request, handler):
+  """Steps 3 and 4 of `front`: the gate, the handler, every failure as an OpenAI-format error."""
   try:
+    request[app_keys.PRINCIPAL] = request.app[app_keys.GATE_KEY].check(request)
     return await handler(request)
   except (http_errors.RequestError, engine_errors.Refusal) as e:
     err = http_errors.as_request_error(e)
@@ -144,30 +157,6 @@ def _endpoint(request: web.Request) -> str:
   return resource.canonical
 
 
-@web.middleware
-async def observe(request: web.Request, handler):
-  """Counts every answered request by endpoint and status, with its latency (outermost)."""
-  m = request.app[app_keys.METRICS_KEY]
-  t0 = time.perf_counter()
-  status = 499   # the client went away before an answer (the handler was cancelled)
-  try:
-    resp = await handler(request)
-    status = resp.status
-    return resp
-  except web.HTTPException as e:
-    status = e.status
-    raise
-  finally:
-    m.request(_endpoint(request), status, time.perf_counter() - t0)
-
-
-@web.middleware
-async def gate(request: web.Request, handler):
-  """Host, Content-Type, key, role and rate limits (gate.py) before any handler."""
-  request[app_keys.PRINCIPAL] = request.app[app_keys.GATE_KEY].check(request)
-  return await handler(request)
-
-
 def make_app(session: session_lib.RouterSession, *, max_body_bytes: int = 1 << 20,
              deadline_s: float = 600.0, keys: auth.KeyRing | None = None,
              host: str = "127.0.0.1", allowed_hosts=(), rate_limit_rps: float = 0.0,
@@ -187,9 +176,7 @@ def make_app(session: session_lib.RouterSession, *, max_body_bytes: int = 1 << 2
   """
   if keepalive_s <= 0:
     raise errors.ConfigError(f"--keepalive_s must be > 0, got {keepalive_s}")
-  app = web.Application(client_max_size=max_body_bytes,
-                        middlewares=[finish_despite_disconnect, observe, request_ids,
-                                     openai_errors, gate])
+  app = web.Application(client_max_size=max_body_bytes, middlewares=[front])
   app[app_keys.SESSION_KEY] = session
   app[app_keys.DEADLINE_KEY] = float(deadline_s)
   app[app_keys.MAX_BODY_KEY] = int(max_body_bytes)
@@ -236,7 +223,7 @@ def serve(session: session_lib.RouterSession, *, host: str, port: int, max_body_
 
   async def main():
     # handler_cancellation: aiohttp (3.7+) leaves a handler running when its client disconnects
-    # unless asked; a chat completion is then cancelled (finish_despite_disconnect keeps the rest).
+    # unless asked; a chat completion is then cancelled (`front` keeps the rest running).
     runner = web.AppRunner(app, access_log=None, handle_signals=False, handler_cancellation=True)
     await runner.setup()
     site = web.TCPSite(runner, host, port)

@@ -21,7 +21,7 @@ REQUEST_ID_KEY = web.RequestKey("request_id", str)
 
 
 def request_id(request: web.Request) -> str:
-  """The request's x-request-id (request_ids set it; a new one if the request never got there)."""
+  """The request's x-request-id (`front` set it; a new one if the request never got there)."""
   return request.get(REQUEST_ID_KEY) or "req-" + uuid.uuid4().hex
 
 

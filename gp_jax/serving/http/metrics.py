@@ -134,10 +134,18 @@ class Metrics:
                                 "(429).", ["limit"], registry=r)
     if session is not None:
       r.register(_SessionCollector(session))
+    # The labelled children by label values: a label lookup takes a lock and builds a key on
+    # every call; the endpoints and statuses are few.
+    self._children: dict = {}
 
   def request(self, endpoint: str, status: int | str, seconds: float) -> None:
-    self.requests.labels(endpoint, str(status)).inc()
-    self.latency.labels(endpoint).observe(seconds)
+    key = (endpoint, status)
+    children = self._children.get(key)
+    if children is None:
+      children = self._children[key] = (self.requests.labels(endpoint, str(status)),
+                                        self.latency.labels(endpoint))
+    children[0].inc()
+    children[1].observe(seconds)
 
   def served(self, record: dict) -> None:
     """Counts one answered completion from its route record."""
