@@ -1,12 +1,11 @@
 """The router server's settings: experiments/configs/serve.py read into
 gp_jax/serving/settings.ServerSettings, the runner's flags as overrides."""
+import json
 import subprocess
 import sys
 
 import pytest
-from absl import flags
 
-from experiments import serve_router
 from experiments.configs import serve as serve_config
 from gp_jax import errors
 from gp_jax import paths
@@ -18,16 +17,29 @@ def _field(config, dotted):
   return (config[section] if section else config)[name]
 
 
+_FLAG_DEFAULTS = """
+import json
+from absl import flags
+from experiments import serve_router
+print(json.dumps({f.name: f.default
+                  for f in flags.FLAGS.get_flags_for_module(serve_router.__name__)}))
+"""
+
+
 def test_every_flag_names_a_config_field_with_the_same_default():
-  """One source of defaults: a flag's default is its config field's (the flag only overrides)."""
+  """One source of defaults: a flag's default is its config field's (the flag only overrides).
+  The runner's flags are read in a child process (importing the runner here would define its
+  absl flags beside other runners')."""
+  out = subprocess.run([sys.executable, "-c", _FLAG_DEFAULTS], cwd=paths.REPO_ROOT,
+                       capture_output=True, text=True, timeout=120, check=True)
+  defaults = json.loads(out.stdout.strip().splitlines()[-1])
   config = serve_config.get_config()
   for flag, field in settings_lib.FLAGS.items():
-    default = flags.FLAGS[flag].default
+    default = defaults[flag]
     if flag == "allowed_hosts":
       default = ",".join(default)
     assert _field(config, field) == default, (flag, field)
-  runner_flags = {f.name for f in flags.FLAGS.get_flags_for_module(serve_router.__name__)}
-  assert runner_flags - {"config", "serve_config"} == set(settings_lib.FLAGS)
+  assert set(defaults) - {"config", "serve_config"} == set(settings_lib.FLAGS)
 
 
 def test_defaults_give_the_settings_of_a_loopback_frozen_server():
