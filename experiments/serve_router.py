@@ -13,7 +13,6 @@ The server's own settings are one config, --serve_config (default experiments/co
 read into gp_jax/serving/settings.ServerSettings); every flag below overrides its field.
 Anything but a loopback --host needs --api_keys_file (docs/serving.md, Keys, limits and metrics).
 """
-import dataclasses
 
 from absl import flags
 from ml_collections import config_flags
@@ -26,6 +25,7 @@ from gp_jax.serving.engine import session as session_lib
 from gp_jax.serving import settings as settings_lib
 from gp_jax.serving.http import app as app_lib
 from gp_jax.sim import served_events
+from gp_jax.util import config_overrides
 
 _CONFIG = common.define_config("experiments/configs/default.py",
                                "Only --config.* overrides are read (the workdir's config.json is "
@@ -139,15 +139,12 @@ _SERVE_CONFIG = flags.DEFINE_string("serve_config", "experiments/configs/serve.p
 
 def _server_config():
   """The --serve_config file's config with every flag given on the command line applied."""
-  config = common.load_config_file(_SERVE_CONFIG.value, "--serve_config")
-  for flag, field in settings_lib.FLAGS.items():
-    if flags.FLAGS[flag].present:
-      value = flags.FLAGS[flag].value
-      if flag == "allowed_hosts":
-        value = ",".join(value)
-      section, _, name = field.rpartition(".")
-      (config[section] if section else config)[name] = value
-  return config
+  given = {field: flags.FLAGS[flag].value for flag, field in settings_lib.FLAGS.items()
+           if flags.FLAGS[flag].present}
+  if "http.allowed_hosts" in given:   # a list flag; the config field is a comma list
+    given["http.allowed_hosts"] = ",".join(given["http.allowed_hosts"])
+  return config_overrides.apply(common.load_config_file(_SERVE_CONFIG.value, "--serve_config"),
+                                given)
 
 
 def _served_event(ev: settings_lib.SimEventSettings) -> served_events.ServedEvent | None:
@@ -173,7 +170,7 @@ def main(argv):
   if event is not None:   # the pool this server's outcomes came from, next to its memory
     files.write_json(state_dir / served_events.FILE, event.to_dict(), "the served pool event")
   s = session_lib.RouterSession(config, settings.workdir, **settings.session_kwargs())
-  app_lib.serve(s, **dataclasses.asdict(settings.http))
+  app_lib.serve(s, **vars(settings.http))   # shallow: the key ring is handed over as it is
 
 
 if __name__ == "__main__":

@@ -104,7 +104,7 @@ class _StubSession:
                     "chatcmpl-b": {"id": "chatcmpl-b", "key": "bob", "created": 2.0}}
     self.given = []
     self.counters = collections.Counter()
-    self.in_flight, self.max_concurrency = 0, 4
+    self.admissions = types.SimpleNamespace(in_flight=0, max_concurrency=4, waiting=0)
     self.batcher = types.SimpleNamespace(calls=2, decisions=6)
     self.history = _History()
 

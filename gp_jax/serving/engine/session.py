@@ -145,22 +145,6 @@ class RouterSession(requests_lib.Requests):
     """A place for one request (Admissions.admit; an OVERLOADED Refusal when full)."""
     return self.admissions.admit()
 
-  @property
-  def in_flight(self) -> int:
-    return self.admissions.in_flight
-
-  @property
-  def waiting(self) -> int:
-    return self.admissions.waiting
-
-  @property
-  def max_queue(self) -> int:
-    return self.admissions.max_queue
-
-  @property
-  def max_concurrency(self) -> int:
-    return self.admissions.max_concurrency
-
   def _load_router(self, config, pool: base.LLMPool | None, default_task: str | None) -> None:
     """The system of the recorded config, the trained router of self.workdir, the task
     families served and the routing environment of requests."""
@@ -369,12 +353,12 @@ class RouterSession(requests_lib.Requests):
                 store=getattr(self.store, "kind", type(self.store).__name__))
 
   def health(self) -> dict:
-    b = self.batcher
+    a, b = self.admissions, self.batcher
     return dict(status="ok", model=requests_lib.ROUTER_MODEL, alpha=self.alpha,
                 workdir=str(self.workdir),
-                backbones=list(self.backbones), in_flight=self.in_flight,
-                max_concurrency=self.max_concurrency, waiting=self.waiting,
-                max_queue=self.max_queue, counters=dict(self.counters),
+                backbones=list(self.backbones), in_flight=a.in_flight,
+                max_concurrency=a.max_concurrency, waiting=a.waiting,
+                max_queue=a.max_queue, counters=dict(self.counters),
                 decisions=dict(policy_calls=b.calls, decisions=b.decisions,
                                mean_batch=b.decisions / b.calls if b.calls else 0.0,
                                policy_s=b.act_s, on_loop=b.executor is None,

@@ -40,16 +40,6 @@ _LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30,
 _OVERHEAD_BUCKETS = (0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.25, 1)
 
 
-def queue_depth(session) -> int:
-  """Requests waiting for a workflow slot."""
-  depth = getattr(session, "queue_depth", None)
-  if isinstance(depth, int):
-    return depth
-  slots = getattr(session, "_slots", None)
-  waiters = getattr(slots, "_waiters", None) if slots is not None else None
-  return len(waiters) if waiters else 0
-
-
 class _SessionCollector:
   """Series read from the session when /metrics is scraped."""
 
@@ -72,11 +62,11 @@ class _SessionCollector:
       return m
 
     yield gauge("gp_router_in_flight", "Requests whose workflow or backbone call is running.",
-                s.in_flight)
+                s.admissions.in_flight)
     yield gauge("gp_router_queue_depth", "Requests waiting for a workflow slot.",
-                queue_depth(s))
+                s.admissions.waiting)
     yield gauge("gp_router_max_concurrency", "Workflows that may run at once.",
-                s.max_concurrency)
+                s.admissions.max_concurrency)
     yield counter("gp_router_policy_calls", "Batched policy calls.", b.calls)
     yield counter("gp_router_decisions", "Routing decisions (all batched policy calls).",
                   b.decisions)
