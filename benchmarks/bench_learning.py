@@ -153,8 +153,9 @@ def main():
   results, counters = {}, {}
   poison_every = round(1 / args.poison) if args.poison > 0 else 0
   keys = tmp / "keys.json"
-  keys.write_text(json.dumps({"keys": [
-      {"name": k, "sha256": auth.key_digest(k), "role": "client"} for k in HONEST + ["mallory"]]}))
+  keys.write_text(json.dumps({"keys": [   # the clients, and the admin that reads /health
+      {"name": k, "sha256": auth.key_digest(k), "role": "admin" if k == "ops" else "client"}
+      for k in HONEST + ["mallory", "ops"]]}))
   for mode in servers:
     state = tmp / mode
     extra = ["--learn"] + args.learn_args.split() if mode not in ("frozen", "memory") else []
@@ -169,7 +170,7 @@ def main():
                                          rate=args.rate))
       if extra:   # a learning server: its learner's counters at the end of the stream
         ask = urllib.request.Request(srv.url + "/health", headers={   # a keyed server's
-            "Authorization": f"Bearer {HONEST[0]}"} if mode in POISONED else {})  # needs a key
+            "Authorization": "Bearer ops"} if mode in POISONED else {})  # needs the admin key
         with urllib.request.urlopen(ask, timeout=30) as r:
           router = json.load(r).get("router") or {}
         counters[mode] = dict(router.get("counters", {}),

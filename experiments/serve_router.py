@@ -46,6 +46,10 @@ _ROUTE_LOG = flags.DEFINE_string("route_log", "",
 _SEGMENT = flags.DEFINE_integer("route_log_segment_bytes", 256 << 20,
                                 "The route log rolls over to a new segment (routes.2.jsonl, ...) "
                                 "before one would grow past this many bytes.")
+_RETENTION = flags.DEFINE_string("route_retention", "",
+                                 "Route-log segments kept: '' keeps all; an age (7d, 12h), a total "
+                                 "size (10GiB, 500MiB) or both ('7d,10GiB'). Older closed segments "
+                                 "are removed at rollover and at start; the active one is kept.")
 _MEMORY_URL = flags.DEFINE_string("memory_url", "",
                                   "postgresql://... : memory, feedback ids and route log in "
                                   "PostgreSQL, shared by replicas ('' = the file store at "
@@ -77,11 +81,23 @@ _MAX_QUEUE = flags.DEFINE_integer("max_queue", None,
 _KEEPALIVE = flags.DEFINE_float("keepalive_s", 5.0,
                                 "A stream sends an SSE keep-alive comment this often while the "
                                 "workflow runs.")
+_WRITE_TIMEOUT = flags.DEFINE_float("stream_write_timeout_s", 30.0,
+                                    "A stream whose client does not take its bytes within this "
+                                    "many seconds is cut off: its connection is aborted (dropping "
+                                    "what was buffered for it) and its workflow cancelled.")
+_MAX_KEY_CONCURRENCY = flags.DEFINE_integer("max_key_concurrency", None,
+                                            "Requests one API key may have running or waiting "
+                                            "at once (default a quarter of --max_concurrency, at "
+                                            "least 1; 0 = no cap); one more gets 429 with "
+                                            "Retry-After. Waiting requests get slots round "
+                                            "robin by key.")
 _MAX_BODY = flags.DEFINE_integer("max_body_bytes", 1 << 20, "Larger request bodies get 413.")
 _DEADLINE = flags.DEFINE_float("deadline_s", 600.0, "A request unanswered after this gets 504.")
 _KEYS = flags.DEFINE_string("api_keys_file", "",
                             'API keys, JSON {"keys": [{"name", "sha256", "role": "client" | '
-                            '"admin"}]} (\'\' = no keys: loopback --host only).')
+                            '"admin", "feedback": true | false}]}, re-read on SIGHUP and when '
+                            'it changes (\'\' = no keys: loopback --host and --allowed_hosts '
+                            'only).')
 _ALLOWED_HOSTS = flags.DEFINE_list("allowed_hosts", [],
                                    "Host header names served besides --host and the loopback "
                                    "names ('*' = any, behind a proxy that checks Host).")

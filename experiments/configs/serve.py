@@ -21,6 +21,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.http.max_body_bytes = 1 << 20          # larger request bodies get 413
   c.http.deadline_s = 600.0                # a request unanswered after this gets 504
   c.http.keepalive_s = 5.0                 # SSE keep-alive comment period of a stream
+  c.http.stream_write_timeout_s = 30.0     # a stream whose client takes no bytes this long ends
   c.http.api_keys_file = ""                # JSON keys file ('' = no keys: loopback only)
   c.http.allowed_hosts = ""                # comma list of extra Host names ('*' = any)
   c.http.rate_limit_rps = 0.0              # requests per second per key (0 = no limit)
@@ -30,6 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.engine = ml_collections.ConfigDict()
   c.engine.max_concurrency = 64            # requests whose workflows run at once
   c.engine.max_queue = None                # requests waiting for a slot (None: 4 x max_concurrency)
+  c.engine.max_key_concurrency = None      # places one key may hold (None: 1/4 of max_concurrency)
   c.engine.default_task = ""               # task of requests without metadata.task ('' = auto)
   c.engine.policy_thread = "auto"          # where policy calls run: auto | loop | thread
 
@@ -37,6 +39,7 @@ def get_config() -> ml_collections.ConfigDict:
   c.state.memory_path = ""                 # '' = <workdir>/served/memory.npz; 'none' = RAM only
   c.state.route_log = ""                   # '' = routes.jsonl beside the memory; 'none' = RAM
   c.state.route_log_segment_bytes = 256 << 20
+  c.state.route_retention = ""             # route-log segments kept: '' all; 7d, 10GiB, 7d,10GiB
   c.state.memory_url = ""                  # postgresql://... : the store replicas share
   c.state.memory_namespace = ""            # replicas' shared name ('' = the workdir's name)
   c.state.sync_interval_s = 1.0            # how often other replicas' feedback is applied

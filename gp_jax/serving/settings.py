@@ -24,13 +24,16 @@ FLAGS = {
     "workdir": "workdir",
     "host": "http.host", "port": "http.port", "max_body_bytes": "http.max_body_bytes",
     "deadline_s": "http.deadline_s", "keepalive_s": "http.keepalive_s",
+    "stream_write_timeout_s": "http.stream_write_timeout_s",
     "api_keys_file": "http.api_keys_file", "allowed_hosts": "http.allowed_hosts",
     "rate_limit_rps": "http.rate_limit_rps", "rate_limit_burst": "http.rate_limit_burst",
     "feedback_rps": "http.feedback_rps",
     "max_concurrency": "engine.max_concurrency", "max_queue": "engine.max_queue",
+    "max_key_concurrency": "engine.max_key_concurrency",
     "default_task": "engine.default_task", "policy_thread": "engine.policy_thread",
     "memory_path": "state.memory_path", "route_log": "state.route_log",
     "route_log_segment_bytes": "state.route_log_segment_bytes",
+    "route_retention": "state.route_retention",
     "memory_url": "state.memory_url", "memory_namespace": "state.memory_namespace",
     "sync_interval_s": "state.sync_interval_s", "max_key_share": "state.max_key_share",
     "memory_recover": "state.memory_recover",
@@ -59,6 +62,7 @@ class HTTPSettings:
   rate_limit_rps: float
   rate_limit_burst: int
   feedback_rps: float
+  stream_write_timeout_s: float = 30.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -83,6 +87,7 @@ class ServerSettings:
   state: dict            # the config's state section (store_config and state_dir read it)
   learn: learner_lib.LearnSettings | None
   sim_event: SimEventSettings
+  max_key_concurrency: int | None = None   # places one API key may hold (None: a quarter)
 
   @property
   def memory_path(self) -> str | None:
@@ -104,11 +109,13 @@ class ServerSettings:
     return store.StoreConfig(memory_path=m, route_log=None if log in ("", "none") else log,
                              memory_url=self.state["memory_url"], namespace=namespace,
                              segment_bytes=int(self.state["route_log_segment_bytes"]),
+                             route_retention=str(self.state["route_retention"]),
                              recover=bool(self.state["memory_recover"]))
 
   def session_kwargs(self) -> dict:
     """The keyword arguments of engine/session.RouterSession besides config and workdir."""
     return dict(max_concurrency=self.max_concurrency, max_queue=self.max_queue,
+                max_key_concurrency=self.max_key_concurrency,
                 default_task=self.default_task, policy_thread=self.policy_thread,
                 store_config=self.store_config(),
                 max_key_share=float(self.state["max_key_share"]),
@@ -133,12 +140,18 @@ def from_config(c) -> ServerSettings:
     raise errors.ConfigError("--keepalive_s must be > 0 and --max_queue >= 0, got "
                              f"{float(h.keepalive_s):g} and {e.max_queue}")
   keys = auth.load(h.api_keys_file) if h.api_keys_file else None
-  auth.check_bind(h.host, keys)   # before the slow start: refuse at once
+  auth.check_bind(h.host, keys, config_lists.names(h.allowed_hosts))   # at once, before the start
   limits.TokenBuckets(float(h.rate_limit_rps), int(h.rate_limit_burst), what="--rate_limit_rps")
   limits.TokenBuckets(float(h.feedback_rps), int(h.rate_limit_burst), what="--feedback_rps")
   http = HTTPSettings(str(h.host), int(h.port), int(h.max_body_bytes), float(h.deadline_s),
                       float(h.keepalive_s), keys, tuple(config_lists.names(h.allowed_hosts)),
-                      float(h.rate_limit_rps), int(h.rate_limit_burst), float(h.feedback_rps))
+                      float(h.rate_limit_rps), int(h.rate_limit_burst), float(h.feedback_rps),
+                      stream_write_timeout_s=float(h.stream_write_timeout_s))
+  if not http.stream_write_timeout_s > 0 or (e.max_key_concurrency is not None
+                                             and int(e.max_key_concurrency) < 0):
+    raise errors.ConfigError("--stream_write_timeout_s must be > 0 and --max_key_concurrency "
+                             f">= 0, got {http.stream_write_timeout_s:g} and "
+                             f"{e.max_key_concurrency}")
   ev = c.sim_event
   event = SimEventSettings(str(ev.kind), str(ev.llm), int(ev.t), _optional(ev.delta),
                            _optional(ev.scale))
@@ -153,7 +166,14 @@ def from_config(c) -> ServerSettings:
   learn = None
   if c.learn.enabled:
     learn = learner_lib.LearnSettings(**{k: c.learn[k] for k in LEARN_FIELDS})
+    if c.state.memory_url:
+      raise errors.ConfigError(
+          "--learn with --memory_url is refused: router versions are kept in each replica's "
+          "own folder, so learning replicas would overwrite each other's versions and a "
+          "rollback would reach one of them; learn on one server with the file store "
+          "(--memory_path), or run the replicas without --learn")
   return ServerSettings(str(c.workdir), http, int(e.max_concurrency),
                         None if e.max_queue is None else int(e.max_queue),
                         str(e.default_task) or None, str(e.policy_thread),
-                        dict(c.state.to_dict()), learn, event)
+                        dict(c.state.to_dict()), learn, event,
+                        None if e.max_key_concurrency is None else int(e.max_key_concurrency))

@@ -49,9 +49,15 @@ Pool events (gp_jax/sim/events.py, config data.sim_events): from root query t of
 split on, an LLM's executor skill shifts, its prices scale, it fails (every call returns an error),
 or it joins (absent before t). SimWorld.exec_probability and SimulatorPool.chat ask the events;
 without events nothing of the above changes.
+Served queries: a router server adopts every request's text as a query (SimWorld.adopt_query).
+The world keeps the latents of at most SERVED_QUERIES adopted queries with their sub-questions,
+thinker notes and cached token counts, the least recently used query going first, so a stream of
+unique requests holds bounded memory; it keeps an adopted text's digest, not the text. Queries it
+samples itself (training, evaluation, canaries) are never evicted.
 """
 from __future__ import annotations
 
+import collections
 import copy
 import dataclasses
 import hashlib
@@ -121,6 +127,10 @@ _VOCAB = {
 }
 _VERBS = "find compute compare explain identify determine estimate check derive list".split()
 _FILLER = "so we use the rule and get then add this step next with that fact from each part".split()
+
+
+SERVED_QUERIES = 4096   # adopted queries a world keeps (with their sub-questions), LRU
+ADOPTED = "adopted-"    # key prefix of an adopted query; its sub-questions' keys start with its key
 
 
 def count_tokens(text: str) -> int:
@@ -222,6 +232,19 @@ def load_profiles(catalog: catalog_lib.Catalog, path=SIM_FILE) -> dict[str, LLMP
   return profiles
 
 
+def _digest(text: str) -> bytes:
+  return hashlib.blake2b(text.encode(), digest_size=16).digest()
+
+
+class _ServedTree:
+  """What a world holds for one adopted query, dropped together when it is evicted: the digests
+  of its nodes' texts, and the keys of its thinker notes and cache entries."""
+  __slots__ = ("digests", "thoughts", "children", "tokens")
+
+  def __init__(self):
+    self.digests, self.thoughts, self.children, self.tokens = [], [], [], []
+
+
 class SimWorld:
   """The simulated queries and every sub-question texts generated from them (latents registry)."""
 
@@ -249,6 +272,11 @@ class SimWorld:
     self.thoughts: dict[str, float] = {}     # thinker notes text -> tau
     self._children_cache: dict[tuple, list[NodeInfo]] = {}
     self._tokens_cache: dict[tuple, int] = {}
+    # Adopted queries (module docstring, Served queries): root key -> its tree, least recently
+    # used first; a node of one by the digest of its text (its NodeInfo kept without the text).
+    self.served_capacity = SERVED_QUERIES
+    self._served: collections.OrderedDict[str, _ServedTree] = collections.OrderedDict()
+    self._served_nodes: dict[bytes, NodeInfo] = {}
 
   def with_events(self, events: sim_events.PoolEvents | None) -> "SimWorld":
     """The same world under other pool events: it shares this one's registry of texts and its
@@ -287,7 +315,8 @@ class SimWorld:
     A text the world already knows keeps its latents; a new one gets latents drawn like
     `sample_queries` draws them (hardness around the task's offset, complexity, gold answer),
     seeded by the text and task, so the same request always meets the same simulated query.
-    `text` must be one line (the prompts show the question on one line)."""
+    `text` must be one line (the prompts show the question on one line). The world keeps at most
+    `served_capacity` adopted queries (module docstring, Served queries)."""
     known = self.lookup(text)
     if known is not None:
       return known
@@ -298,7 +327,7 @@ class SimWorld:
     h = float(rng.normal(self._hardness_offset(offset, domain), HARDNESS_SD))
     k = int(rng.choice(np.arange(1, 5), p=self._complexity_probs))
     gold = str(int(rng.integers(1000, 10000)))
-    key = "adopted-" + hashlib.blake2b(repr((text, task)).encode(), digest_size=8).hexdigest()
+    key = ADOPTED + hashlib.blake2b(repr((text, task)).encode(), digest_size=8).hexdigest()
     return self._register(NodeInfo(key, task, domain, h, k, gold, text.strip(),
                                    self.cluster_of(key, domain)))
 
@@ -358,17 +387,74 @@ class SimWorld:
   def _register(self, info: NodeInfo) -> NodeInfo:
     # Colliding texts are renamed in registration order (only untagged texts collide: see the
     # module docstring).
+    tree = self._tree_of(info.key)
     text = info.text
     n = 1
-    while text in self.nodes and self.nodes[text].key != info.key:
+    if tree is None:
+      while text in self.nodes and self.nodes[text].key != info.key:
+        n += 1
+        text = f"{info.text} (variant {n})"
+      info = dataclasses.replace(info, text=text)
+      self.nodes[text] = info
+      return info
+    while (known := self.lookup(text)) is not None and known.key != info.key:
       n += 1
       text = f"{info.text} (variant {n})"
     info = dataclasses.replace(info, text=text)
-    self.nodes[text] = info
+    digest = _digest(text)
+    self._served_nodes[digest] = dataclasses.replace(info, text="")
+    tree.digests.append(digest)
     return info
 
   def lookup(self, text: str) -> NodeInfo | None:
-    return self.nodes.get(text.strip())
+    text = text.strip()
+    info = self.nodes.get(text)
+    if info is not None or not self._served_nodes:
+      return info
+    info = self._served_nodes.get(_digest(text))
+    if info is None:
+      return None
+    root = info.key.split("/", 1)[0]
+    if root in self._served:   # the query is in use: kept longest
+      self._served.move_to_end(root)
+    return dataclasses.replace(info, text=text)
+
+  # ---- adopted queries, bounded (module docstring, Served queries) ---------------------------
+  def _tree_of(self, key: str) -> _ServedTree | None:
+    """The tree of the adopted query that node `key` belongs to (made, as the most recently
+    used, when it has none); None for a node of the world's own queries."""
+    if not key.startswith(ADOPTED):
+      return None
+    root = key.split("/", 1)[0]
+    tree = self._served.get(root)
+    if tree is None:
+      tree = self._served[root] = _ServedTree()
+      while len(self._served) > self.served_capacity:
+        self._evict(self._served.popitem(last=False)[1])
+    return tree
+
+  def _evict(self, tree: _ServedTree) -> None:
+    for d in tree.digests:
+      self._served_nodes.pop(d, None)
+    for t in tree.thoughts:
+      self.thoughts.pop(t, None)
+    for k in tree.children:
+      self._children_cache.pop(k, None)
+    for k in tree.tokens:
+      self._tokens_cache.pop(k, None)
+
+  @property
+  def served_queries(self) -> int:
+    """Adopted queries the world holds now (at most served_capacity)."""
+    return len(self._served)
+
+  def note_thought(self, node: NodeInfo, text: str, tau: float) -> None:
+    """A thinker's notes on `node`, which raise an executor's chances by `tau` when it reads
+    them."""
+    tree = self._tree_of(node.key)
+    if tree is not None and text not in self.thoughts:
+      tree.thoughts.append(text)
+    self.thoughts[text] = tau
 
   # ---- deterministic pieces shared by the pool and the optimum -----------------------------
   def children(self, node: NodeInfo, planner: str, width: int, exact: bool) -> list[NodeInfo]:
@@ -393,6 +479,9 @@ class SimWorld:
       kids.append(self._register(NodeInfo(key, node.task, node.domain, h, kc, gold, text,
                                           node.cluster)))
     self._children_cache[cache_key] = kids
+    tree = self._tree_of(node.key)
+    if tree is not None:
+      tree.children.append(cache_key)
     return kids
 
   def jitter(self, node_key: str, llm: str, role: str) -> float:
@@ -402,6 +491,9 @@ class SimWorld:
     key = (kind, node.key, llm, final)
     if key not in self._tokens_cache:
       self._tokens_cache[key] = self._output_tokens(kind, node, llm, final)
+      tree = self._tree_of(node.key)
+      if tree is not None:
+        tree.tokens.append(key)
     return self._tokens_cache[key]
 
   def _output_tokens(self, kind: str, node: NodeInfo, llm: str, final: bool) -> int:
@@ -555,7 +647,7 @@ class SimulatorPool(base.LLMPool):
       return "\n".join(c.text for c in w.children(node, model, reading.width, reading.exact))
     if kind == "thinker":
       text = _filler(rng, w.output_tokens("thinker", node, model))
-      w.thoughts[text] = prof.think_quality
+      w.note_thought(node, text, prof.think_quality)
       return text
     if kind == "executor":
       if reading.draft is not None:

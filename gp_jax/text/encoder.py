@@ -2,10 +2,16 @@
 
 Every encoder maps a list of strings to a float32 array [n, dim] of L2-normalised rows. Encoders are
 host-side (numpy out); the policy network only ever sees the arrays.
+
+Bounds: an encoder reads at most the first MAX_TEXT_CHARS characters of a text (the hashing
+encoder itself, and every encoder behind the cache), so a megabyte-long request costs what an
+8,192-character one costs; the cache keeps at most MEMORY_ENTRIES vectors in RAM, the least
+recently used going first (its SQLite file, when it has one, keeps them all).
 """
 from __future__ import annotations
 
 import abc
+import collections
 import hashlib
 import pathlib
 import re
@@ -23,6 +29,17 @@ from gp_jax.util import sqlite_wal
 _REMEDY = "restore it from a copy, or move it away (its vectors are then computed again)"
 
 _WORD = re.compile(r"[a-z0-9]+(?:'[a-z]+)?")
+
+# The characters of a text an encoder reads: the simulator's longest output is about 4,100
+# characters, so every text a simulated run encodes is read whole, as before this bound.
+MAX_TEXT_CHARS = 8192
+# Vectors the cache keeps in RAM (about 1.7 KB each at width 384: some 28 MB when full).
+MEMORY_ENTRIES = 16384
+
+
+def clip(text: str) -> str:
+  """The part of `text` an encoder reads: its first MAX_TEXT_CHARS characters."""
+  return text if len(text) <= MAX_TEXT_CHARS else text[:MAX_TEXT_CHARS]
 
 
 class TextEncoder(abc.ABC):
@@ -54,7 +71,7 @@ class HashingEncoder(TextEncoder):
     self.name = f"hashing-{dim}-{seed}"
 
   def _features(self, text: str) -> dict[int, float]:
-    words = _WORD.findall(text.lower())
+    words = _WORD.findall(clip(text).lower())
     feats: dict[int, float] = {}
     grams = [(w, 1.0) for w in words] + [(a + " " + b, 0.5) for a, b in zip(words, words[1:])]
     for g, weight in grams:
@@ -74,16 +91,22 @@ class HashingEncoder(TextEncoder):
 
 
 class CachedEncoder(TextEncoder):
-  """Memoises another encoder in memory and, optionally, in an SQLite file on disk.
+  """Memoises another encoder in memory (a bounded LRU) and, optionally, in an SQLite file on disk.
 
-  Keys are sha1(text) under the wrapped encoder's name, so caches of different encoders never mix.
+  Texts are clipped to MAX_TEXT_CHARS before anything else (the wrapped encoder reads the clipped
+  text). Keys are sha1(clipped text) under the wrapped encoder's name, so caches of different
+  encoders never mix. At most `capacity` vectors stay in RAM; the least recently used goes first.
   """
 
-  def __init__(self, encoder: TextEncoder, path: str | pathlib.Path | None = None):
+  def __init__(self, encoder: TextEncoder, path: str | pathlib.Path | None = None, *,
+               capacity: int = MEMORY_ENTRIES):
+    if capacity < 1:
+      raise errors.ConfigError(f"an embedding cache needs capacity >= 1, got {capacity}")
     self.inner = encoder
     self.name = encoder.name
     self.dim = encoder.dim
-    self._mem: dict[str, np.ndarray] = {}
+    self.capacity = int(capacity)
+    self._mem: collections.OrderedDict[str, np.ndarray] = collections.OrderedDict()
     self._lock = threading.Lock()
     self._db = None
     self.path = None if path is None else pathlib.Path(path)
@@ -104,22 +127,36 @@ class CachedEncoder(TextEncoder):
     self.hits = 0
     self.misses = 0
 
+  def __len__(self) -> int:
+    """Vectors held in RAM (at most `capacity`)."""
+    return len(self._mem)
+
   @staticmethod
   def _key(text: str) -> str:
     return hashlib.sha1(text.encode()).hexdigest()
 
+  def _keep(self, key: str, vec: np.ndarray) -> None:
+    """Holds `vec` in RAM as the most recently used; the least recently used beyond capacity go."""
+    self._mem[key] = vec
+    self._mem.move_to_end(key)
+    while len(self._mem) > self.capacity:
+      self._mem.popitem(last=False)
+
   def encode(self, texts: Sequence[str]) -> np.ndarray:
+    texts = [clip(t) for t in texts]
     keys = [self._key(t) for t in texts]
     out = np.zeros((len(texts), self.dim), np.float32)
     todo: dict[str, list[int]] = {}
     with self._lock:
       for i, k in enumerate(keys):
         v = self._mem.get(k)
-        if v is None and self._db is not None:
+        if v is not None:
+          self._mem.move_to_end(k)
+        elif self._db is not None:
           row = self._fetch(k)
           if row is not None:
             v = self._vector(k, row[0])
-            self._mem[k] = v
+            self._keep(k, v)
         if v is None:
           todo.setdefault(k, []).append(i)
         else:
@@ -130,7 +167,7 @@ class CachedEncoder(TextEncoder):
       vecs = self.inner.encode([texts[todo[k][0]] for k in uniq]).astype(np.float32)
       with self._lock:
         for k, v in zip(uniq, vecs):
-          self._mem[k] = v
+          self._keep(k, v)
           for i in todo[k]:
             out[i] = v
           self.misses += len(todo[k])

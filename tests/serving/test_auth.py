@@ -5,6 +5,7 @@ process is tests/serving/test_hostile.py."""
 import asyncio
 import collections
 import json
+import signal
 import types
 
 import pytest
@@ -15,22 +16,25 @@ from gp_jax.serving.engine import errors as engine_errors
 from gp_jax.serving.http import app as app_lib
 from gp_jax.serving.http import auth
 from gp_jax.serving.http import errors as http_errors
+from gp_jax.serving.http import gate as gate_lib
 from gp_jax.serving.http import limits
 from gp_jax.serving.http import metrics as metrics_lib
 
 KEYS = {"alice": ("alice-secret", "client"), "bob": ("bob-secret", "client"),
-        "ops": ("ops-secret", "admin")}
+        "ops": ("ops-secret", "admin"), "kiosk": ("kiosk-secret", "client", False)}
 
 
 def _keys_file(path, keys=KEYS):
+  """Writes a keys file of `keys` (name: (key, role[, feedback]))."""
   path.write_text(json.dumps({"keys": [
-      {"name": n, "sha256": auth.key_digest(k), "role": r} for n, (k, r) in keys.items()]}))
+      {"name": n, "sha256": auth.key_digest(k[0]), "role": k[1],
+       **({"feedback": k[2]} if len(k) > 2 else {})} for n, k in keys.items()]}))
   return path
 
 
 def test_keys_file_is_checked_entry_by_entry(tmp_path):
   ring = auth.load(_keys_file(tmp_path / "keys.json"))
-  assert ring.names == ("alice", "bob", "ops")
+  assert ring.names == ("alice", "bob", "ops", "kiosk")
   assert ring.authenticate("Bearer alice-secret") == auth.Principal("alice", "client")
   assert ring.authenticate("bearer ops-secret").is_admin
   for header in (None, "", "Bearer", "Bearer wrong", "Basic alice-secret", "alice-secret",
@@ -47,6 +51,8 @@ def test_keys_file_is_checked_entry_by_entry(tmp_path):
       ({"keys": [good, dict(good, name="b")]}, "keys[1] (b): the same key"),
       ({"keys": [dict(good, name="")]}, "keys[0]: name must be"),
       ({"keys": [dict(good, extra=1)]}, "unknown field(s) extra"),
+      ({"keys": [dict(good, feedback="no")]}, "keys[0] (a): feedback must be true or false"),
+      ({"keys": [dict(good, role="admin", feedback=False)]}, '"feedback": false is for client'),
   ]
   for data, message in bad:
     p = tmp_path / "bad.json"
@@ -59,6 +65,15 @@ def test_keys_file_is_checked_entry_by_entry(tmp_path):
     auth.load(tmp_path / "torn.json")
   with pytest.raises(errors.DataError, match="not found"):
     auth.load(tmp_path / "missing.json")
+  # "feedback": false makes a chat-only client key; true (the default) changes nothing.
+  (tmp_path / "chat.json").write_text(json.dumps({"keys": [
+      dict(good, sha256=auth.key_digest("ka"), feedback=False),
+      dict(good, name="b", sha256=auth.key_digest("kb"), feedback=True)]}))
+  ring = auth.load(tmp_path / "chat.json")
+  assert ring.lookup("ka") == auth.Principal("a", "client", feedback=False)
+  assert ring.lookup("kb") == auth.Principal("b", "client")
+  assert not auth.may_feedback(ring.lookup("ka"), {"key": "a"})
+  assert ring.path == tmp_path / "chat.json" and ring.stamp == auth.file_stamp(ring.path)
 
 
 def test_bind_and_host_checks():
@@ -69,6 +84,12 @@ def test_bind_and_host_checks():
     with pytest.raises(errors.ConfigError, match="--api_keys_file"):
       auth.check_bind(host, None)
     auth.check_bind(host, ring)
+  # Other Host names than loopback ones need keys too: a proxy forwarding them opens the server.
+  auth.check_bind("127.0.0.1", None, ["localhost", "127.0.0.1", "[::1]", " "])
+  for allowed in (["router.example.com"], ["localhost", "*"], ["10.0.0.5"]):
+    with pytest.raises(errors.ConfigError, match=r"^--allowed_hosts=\S+ without --api_keys_file"):
+      auth.check_bind("127.0.0.1", None, allowed)
+    auth.check_bind("127.0.0.1", ring, allowed)
   hosts = auth.HostCheck("0.0.0.0", ["router.example.com"])
   for ok in ("127.0.0.1:8080", "localhost", "[::1]:80", "ROUTER.example.com:443"):
     assert hosts.ok(ok), ok
@@ -107,6 +128,7 @@ class _StubSession:
     self.admissions = types.SimpleNamespace(in_flight=0, max_concurrency=4, waiting=0)
     self.batcher = types.SimpleNamespace(calls=2, decisions=6)
     self.history = _History()
+    self.status = "ok"   # what health() says; None: it raises
 
   async def start(self):
     pass
@@ -134,7 +156,10 @@ class _StubSession:
                 path="/srv/secret/place/memory.npz", per_hub={})
 
   def health(self):
-    return dict(status="ok", workdir="/home/someone/runs/alpha0.5", memory={"path": None})
+    if self.status is None:
+      raise RuntimeError("/home/someone/runs: the store is gone")
+    return dict(status=self.status, workdir="/home/someone/runs/alpha0.5", memory={"path": None},
+                per_key={"alice": 3, "bob": 1})
 
   async def aclose(self):
     pass
@@ -202,11 +227,12 @@ def test_gate_keys_roles_and_own_feedback(tmp_path):
                      headers=_auth("ops"))   # an admin: any completion
     assert r.status == 200
     assert s.given == [("chatcmpl-a", 1.0, "alice"), ("chatcmpl-b", 0.5, "ops")]
-    # No paths in answers; /health without a key is liveness only.
+    # No paths in answers; /health without an admin key is up or down only.
     mem = await (await c.get("/v1/memory", headers=_auth("ops"))).json()
     assert mem["path"] == "memory.npz"
     assert await (await c.get("/health")).json() == {"status": "ok"}
-    h = await (await c.get("/health", headers=_auth("bob"))).json()
+    assert await (await c.get("/health", headers=_auth("bob"))).json() == {"status": "ok"}
+    h = await (await c.get("/health", headers=_auth("ops"))).json()
     assert h["workdir"] == "alpha0.5" and "/home" not in json.dumps(h)
     r = await c.get("/v1/routes?limit=100000000", headers=_auth("ops"))
     assert r.status == 200
@@ -330,3 +356,98 @@ def test_two_apps_count_apart():
   assert 'gp_router_backbone_call_errors_total{llm="m1"} 1.0' in ta
   assert "gp_router_overhead_per_decision_seconds_count 1.0" in ta
   assert 'gp_router_overhead_per_decision_seconds_bucket{le="0.002"} 1.0' in ta
+
+
+def test_health_says_up_or_down_and_only_admins_read_its_details(tmp_path):
+  """A load balancer's probe (no key) and a client key read only up or down; an admin reads the
+  counters, memory and per-key traffic; the anonymous admin of a keyless loopback server too."""
+  ring = auth.load(_keys_file(tmp_path / "keys.json"))
+
+  async def go(c, s):
+    for headers in ({}, _auth("alice"), _auth("kiosk"), {"Authorization": "Bearer nope"}):
+      r = await c.get("/health", headers=headers)
+      assert (r.status, await r.json()) == (200, {"status": "ok"}), headers
+    r = await c.get("/health", headers=_auth("ops"))
+    h = await r.json()
+    assert r.status == 200 and h["per_key"] == {"alice": 3, "bob": 1} and h["status"] == "ok"
+    s.status = "draining"   # anything but ok: the server cannot serve
+    for headers in ({}, _auth("bob")):
+      r = await c.get("/health", headers=headers)
+      assert (r.status, await r.json()) == (503, {"status": "down"})
+    r = await c.get("/health", headers=_auth("ops"))
+    assert r.status == 503 and (await r.json())["status"] == "down"
+    s.status = None         # no health at all: down, never a 500, no exception text
+    r = await c.get("/health", headers=_auth("ops"))
+    assert (r.status, await r.json()) == (503, {"status": "down"})
+
+  _run(go, keys=ring)
+
+  async def keyless(c, s):
+    return await (await c.get("/health")).json()
+
+  assert _run(keyless)["per_key"] == {"alice": 3, "bob": 1}
+
+
+def test_a_chat_only_key_may_not_send_feedback(tmp_path):
+  ring = auth.load(_keys_file(tmp_path / "keys.json"))
+
+  async def go(c, s):
+    s.records["chatcmpl-k"] = {"id": "chatcmpl-k", "key": "kiosk", "created": 3.0}
+    for rid in ("chatcmpl-k", "chatcmpl-a", "chatcmpl-zz"):   # its own, another's, none
+      r = await c.post("/v1/feedback", json={"id": rid, "score": 1.0}, headers=_auth("kiosk"))
+      assert r.status == 403, rid
+      assert await r.json() == {"error": {
+          "message": "this API key may chat but not send feedback", "type": "permission_error",
+          "param": None, "code": "permission_denied"}}
+    assert s.given == [] and s.counters["feedback"] == 0
+    r = await c.post("/v1/feedback", json={"id": "chatcmpl-k", "score": 1.0}, headers=_auth("ops"))
+    assert r.status == 200 and s.given == [("chatcmpl-k", 1.0, "ops")]
+
+  _run(go, keys=ring)
+
+
+def test_keys_reload_revokes_and_a_bad_file_keeps_the_keys_in_force(tmp_path, caplog):
+  """reload_keys (what SIGHUP runs) puts a changed file in force; a file that does not load keeps
+  the keys there are and logs one error line; follow_keys' poll sees a changed file by itself.
+  SIGHUP against the real server process: tests/serving/test_permissions.py."""
+  path = _keys_file(tmp_path / "keys.json")
+  gate = gate_lib.Gate(auth.load(path), auth.HostCheck("127.0.0.1"),
+                       limits.TokenBuckets(0, 1), limits.TokenBuckets(0, 1))
+  who = lambda name: gate.keys.authenticate(f"Bearer {KEYS[name][0]}")
+  _keys_file(path, {k: v for k, v in KEYS.items() if k != "bob"})
+  assert gate.reload_keys() and who("bob") is None and who("alice").name == "alice"
+  kept = gate.keys
+  bad_digest = json.dumps({"keys": [{"name": "x", "sha256": "12", "role": "client"}]})
+  for content in ('{"keys": [', bad_digest, b"\xff\xfe{", None):
+    if content is None:
+      path.unlink()
+    elif isinstance(content, bytes):
+      path.write_bytes(content)
+    else:
+      path.write_text(content)
+    caplog.clear()
+    assert not gate.reload_keys()
+    assert gate.keys is kept and who("ops").is_admin
+    (line,) = [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
+    assert line.startswith("keys file not reloaded, the 3 keys in force stay: ") and \
+        str(path) in line and "\n" not in line, line
+
+  async def follow():
+    gate.follow_keys(asyncio.get_running_loop(), poll_s=0.02)
+    try:
+      _keys_file(path)   # bob is back
+      for _ in range(250):
+        await asyncio.sleep(0.02)
+        if who("bob") is not None:
+          return True
+      return False
+    finally:
+      asyncio.get_running_loop().remove_signal_handler(signal.SIGHUP)
+      gate._poll.cancel()
+
+  assert asyncio.run(follow())
+  # Without a keys file there is nothing to follow, and no Host name but loopback ones.
+  assert gate_lib.Gate(None, auth.HostCheck("127.0.0.1"), limits.TokenBuckets(0, 1),
+                       limits.TokenBuckets(0, 1)).keys is None
+  with pytest.raises(errors.ConfigError, match="--allowed_hosts=router.example.com without"):
+    app_lib.make_app(_StubSession(), allowed_hosts=["router.example.com"])

@@ -105,6 +105,32 @@ def test_a_torn_route_log_line_does_not_swallow_the_next_record(workdir, tmp_pat
   assert [r["seq"] for r in recs] == [1, 2, 3, 4]
 
 
+def test_removed_route_segments_then_restart(workdir, tmp_path):
+  """An operator removes the oldest route-log segment of a stopped server: the restarted server
+  still finds every other completion (their feedback is accepted), the removed ones are unknown
+  (404), and new completions never reuse a seq."""
+  small = "--route_log_segment_bytes=3000"   # a route record or two per segment
+  with _server(workdir, tmp_path, "a.log", small) as srv:
+    served = [_complete(srv.url, f"{QUERY} #{i}") for i in range(4)]
+    old_seqs = [r["seq"] for r in _http(srv.url, "/v1/routes?after=0")[1]["data"]]
+  log = tmp_path / "routes.jsonl"
+  segments = route_log_lib.log_segments(log)
+  assert len(segments) >= 3
+  removed = {rec["id"] for rec, _, _ in route_log_lib.read_segment(segments[0])}
+  assert removed and len(removed & {c["id"] for c in served}) < len(served)
+  segments[0].unlink()
+  with _server(workdir, tmp_path, "b.log", small) as srv:
+    for c in served:
+      want = 404 if c["id"] in removed else 200
+      assert _http(srv.url, "/v1/feedback", {"id": c["id"], "score": 1.0})[0] == want, c["id"]
+    new = _complete(srv.url, QUERY + " (after the removal)")
+    listed = _http(srv.url, "/v1/routes?after=0")[1]["data"]
+    assert [r["id"] for r in listed] == [c["id"] for c in served if c["id"] not in removed] + [
+        new["id"]]
+    assert listed[-1]["seq"] > max(old_seqs)
+  assert "error:" in _one_error_line(_run_runner(workdir, tmp_path, "--route_retention=7 days"))
+
+
 def test_a_flipped_journal_byte_stops_the_start_with_one_error(workdir, tmp_path):
   with _server(workdir, tmp_path, "a.log") as srv:
     ids = []

@@ -245,12 +245,12 @@ def test_a_stream_past_the_deadline_ends_with_a_timeout_event(router, calm):
 def test_sampling_fields_reach_the_final_call(router, calm):
   base = len(calm.bodies)
   c = _client(router).chat.completions.create(
-      temperature=0.3, top_p=0.9, max_tokens=5000, stop=["###"], seed=11, **_chat_body())
+      temperature=0.3, top_p=0.9, max_tokens=300, stop=["###"], seed=11, **_chat_body())
   bodies = calm.bodies[base:]
   assert len(bodies) == len(c.model_extra["graphplanner"]["route"]) >= 2
   final = bodies[-1]
   assert (final["temperature"], final["top_p"], final["max_tokens"], final["stop"]) == (
-      0.3, 0.9, 5000, ["###"])
+      0.3, 0.9, 300, ["###"])
   sampling = test_config.get_config().sampling
   for b in bodies[:-1]:   # the workflow's inner calls keep the served config's sampling
     assert (b["temperature"], b["max_tokens"]) == (sampling.temperature, sampling.max_tokens)
@@ -259,8 +259,8 @@ def test_sampling_fields_reach_the_final_call(router, calm):
   assert c.choices[0].finish_reason == "stop"
   # max_completion_tokens is the same cap.
   base = len(calm.bodies)
-  _client(router).chat.completions.create(max_completion_tokens=7000, **_chat_body())
-  assert calm.bodies[-1]["max_tokens"] == 7000
+  _client(router).chat.completions.create(max_completion_tokens=400, **_chat_body())
+  assert calm.bodies[-1]["max_tokens"] == 400
 
 
 def test_finish_reason_length_when_the_final_call_was_cut(router, calm):

@@ -146,7 +146,7 @@ def test_clients_chat_but_only_admins_read_routes_memory_and_metrics(served):
   assert logged and logged[0]["key"] == "alice"
   # No absolute paths in what the server tells: memory and health.
   mem = _memory(srv)
-  health = json.loads(_http(srv, "GET", "/health", key="bob")[2])
+  health = json.loads(_http(srv, "GET", "/health", key="ops")[2])
   for text in (json.dumps(mem), json.dumps(health)):
     assert str(state) not in text and str(paths.REPO_ROOT) not in text
     assert "/tmp" not in text and "/home" not in text

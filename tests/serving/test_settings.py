@@ -78,6 +78,15 @@ def test_bad_settings_are_one_config_error(field, value, message):
     settings_lib.from_config(c)
 
 
+def test_learning_replicas_on_postgresql_are_refused():
+  c = serve_config.get_config()
+  c.learn.enabled, c.state.memory_url = True, "postgresql://gp@127.0.0.1:5432/gp"
+  with pytest.raises(errors.ConfigError, match="--learn with --memory_url is refused"):
+    settings_lib.from_config(c)
+  c.learn.enabled = False   # replicas that only serve are fine
+  assert settings_lib.from_config(c).learn is None
+
+
 def test_the_cli_reads_the_serve_config_and_a_flag_overrides_it(tmp_path):
   """The real runner: a config file binding a public host without keys is refused before the
   router loads (exit 2, one line); --host on the command line overrides the file's."""

@@ -255,6 +255,105 @@ def test_route_log_seq_torn_line_and_rotation(tmp_path):
   rl.close()
 
 
+def test_route_log_batches_keep_references_in_ram_and_read_back(tmp_path):
+  log = tmp_path / "routes.jsonl"
+  rl = route_log_lib.RouteLog(log, segment_bytes=400)
+  assert rl.append_many([_route(i) for i in range(6)]) == list(range(1, 7))
+  rl.append(dict(type="feedback", id="r2", score=0.25, created=0.0))
+  assert all(isinstance(r, route_log_lib._Ref) for r in rl.records.values())   # not the records
+  got = rl.get("r2")
+  assert got["id"] == "r2" and got["seq"] == 3 and got["feedback"] == 0.25 and got["task"] == "t"
+  assert [r["seq"] for r in rl.after(2, 3)] == [3, 4, 5]
+  assert len(route_log_lib.log_segments(log)) > 1   # the batch crossed a rollover
+  rl.close()
+  assert [r["id"] for r in route_log_lib.read_log(log)][:6] == [f"r{i}" for i in range(6)]
+
+
+def test_route_log_restarts_after_segments_are_removed(tmp_path):
+  """Removing a stopped server's oldest segment loses only its records; removing the active one
+  never makes the log reuse a seq or a segment name."""
+  log = tmp_path / "routes.jsonl"
+  rl = route_log_lib.RouteLog(log, segment_bytes=400)
+  for i in range(12):
+    rl.append(_route(i))
+  rl.close()
+  segments = route_log_lib.log_segments(log)
+  first_ids = {rec["id"] for rec, _, _ in route_log_lib.read_segment(segments[0])}
+  segments[0].unlink()
+  rl = route_log_lib.RouteLog(log, segment_bytes=400)
+  assert rl.seq == 12
+  assert all(rl.get(f"r{i}") is None for i in range(12) if f"r{i}" in first_ids)
+  assert rl.get("r11")["seq"] == 12   # the rest is still found (feedback finds its route)
+  assert rl.append(_route(12)) == 13
+  rl.close()
+  last = route_log_lib.log_segments(log)[-1]
+  last_name = last.name
+  last.unlink()   # the active segment, while stopped
+  rl = route_log_lib.RouteLog(log, segment_bytes=400)
+  assert rl.append(_route(13)) == 14   # after the removed records' seqs, not a reuse
+  rl.close()
+  newest = route_log_lib.log_segments(log)[-1]
+  assert newest.name != last_name and [r["id"] for r in route_log_lib.read_log(newest)] == ["r13"]
+  for seg in route_log_lib.log_segments(log):   # every segment removed: still no reuse
+    seg.unlink(missing_ok=True)
+  rl = route_log_lib.RouteLog(log, segment_bytes=400)
+  assert rl.append(_route(14)) == 15
+  rl.close()
+
+
+def test_route_log_retention_by_size_and_by_age(tmp_path):
+  log = tmp_path / "routes.jsonl"
+  rl = route_log_lib.RouteLog(log, segment_bytes=400, retention="1KiB")
+  for i in range(40):
+    rl.append(_route(i))
+  segments = [p for p in route_log_lib.log_segments(log) if p.exists()]
+  assert rl.removed_segments > 0 and sum(p.stat().st_size for p in segments) <= 1024 + 400
+  kept = [r["id"] for r in route_log_lib.read_log(log)]
+  assert kept[-1] == "r39" and "r0" not in kept
+  assert rl.get("r0") is None and rl.get("r39")["seq"] == 40   # RAM follows the files
+  assert [r["id"] for r in rl.after(0, 100)] == kept
+  rl.close()
+  for p in route_log_lib.log_segments(log):   # every closed segment written two days ago
+    if p.exists():
+      os.utime(p, (time.time() - 2 * 86400,) * 2)
+  rl = route_log_lib.RouteLog(log, segment_bytes=400, retention="1d")
+  left = [p for p in route_log_lib.log_segments(log) if p.exists()]
+  assert len(left) == 1 and rl.append(_route(40)) == 41   # the active one is never removed
+  rl.close()
+
+
+@pytest.mark.parametrize("text,want", [("", (None, None)), ("7d", (7 * 86400.0, None)),
+                                       ("10GiB", (None, 10 << 30)),
+                                       ("12h, 500MiB", (12 * 3600.0, 500 << 20))])
+def test_route_retention_parses(text, want):
+  assert route_log_lib.parse_retention(text) == want
+
+
+@pytest.mark.parametrize("text", ["7", "7 days", "10GB", "0d", "7d,8d", "-1h"])
+def test_route_retention_refuses_what_it_cannot_read(text):
+  with pytest.raises(errors.ConfigError, match="--route_retention"):
+    route_log_lib.parse_retention(text)
+
+
+def test_feedback_is_acknowledged_only_after_its_route_line_is_fsynced(tmp_path, monkeypatch):
+  st = _seeded(tmp_path, n_feedback=0)
+  st.append_routes([_route(1)])
+  synced, real = [], os.fsync
+
+  def fsync(fd):
+    synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+    return real(fd)
+
+  monkeypatch.setattr(os, "fsync", fsync)
+  st.add_feedback(_fb(1, rid="r1"))
+  assert synced[0].endswith("routes.jsonl")   # the route log first, then the journal
+  assert any(p.endswith(".journal") for p in synced[1:])
+  synced.clear()
+  st.add_feedback(_fb(2, rid="r1x"))   # no route line written since: no route-log fsync
+  assert not any(p.endswith("routes.jsonl") for p in synced)
+  st.close()
+
+
 # ---- the memory --------------------------------------------------------------------------------
 class _Runner:
   """The policy's per-hub sums, as rollout.PolicyRunner keeps them (sum of rows per hub)."""

@@ -55,6 +55,7 @@ class ServedRecords:
     self._compacting: asyncio.Task | None = None
     self._sync_task: asyncio.Task | None = None
     self._claimed: set[str] = set()   # ids whose feedback is being written
+    self._route_batch: list[tuple[dict, asyncio.Future]] = []   # this tick's route records
 
   async def _stored(self, fn, *args):
     """fn(*args) on the store's threads."""
@@ -63,10 +64,16 @@ class ServedRecords:
   # ---- route records ---------------------------------------------------------------------------
   async def log_route(self, record: dict) -> int:
     """Appends a served request's record to the store's route log; sets and returns its seq.
-    Raises an UNAVAILABLE Refusal when it cannot be written (the answer is not given out
-    unlogged: its feedback would find no route)."""
+    The records of one loop tick go to the store together (one thread hop, one write). Raises an
+    UNAVAILABLE Refusal when it cannot be written (the answer is not given out unlogged: its
+    feedback would find no route)."""
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    if not self._route_batch:
+      loop.call_soon(self._write_routes)
+    self._route_batch.append((record, done))
     try:
-      seq = await self._stored(self.store.append_route, record)
+      seq = await done
     except OSError as e:
       self.counters["route_not_stored"] += 1
       _log.error("route %s not logged: %s", record.get("id"), e)
@@ -74,6 +81,24 @@ class ServedRecords:
                                "later)", "storage_unavailable") from None
     record["seq"] = seq
     return seq
+
+  def _write_routes(self) -> None:
+    """Sends this tick's route records to the store's threads as one batch."""
+    batch, self._route_batch = self._route_batch, []
+    written = asyncio.ensure_future(self._stored(self.store.append_routes, [r for r, _ in batch]))
+
+    def settle(task: asyncio.Future) -> None:
+      error = None if task.cancelled() else task.exception()
+      for i, (_, done) in enumerate(batch):
+        if done.done():
+          continue
+        if task.cancelled():
+          done.cancel()
+        elif error is not None:
+          done.set_exception(error)
+        else:
+          done.set_result(task.result()[i])
+    written.add_done_callback(settle)
 
   async def route(self, rid: str) -> dict | None:
     """The route record of completion `rid` (with its `seq`, and `key` when the HTTP layer set

@@ -81,6 +81,8 @@ class RouterSession(requests_lib.Requests):
       largest decision batch.
     max_queue: requests that may wait for a slot (None: 4 x max_concurrency); one more is
       refused at once (OVERLOADED: server_overloaded).
+    max_key_concurrency: places (running or waiting) one API key may hold (None: a quarter of
+      max_concurrency; 0: no cap); one more is refused (OVERLOADED: key_concurrency_exceeded).
     policy_thread: where the batched policy calls run: "loop" (the event loop), "thread" (the
       compute thread, off the loop), "auto" (engine/placement.py: the loop when the largest
       batch's call is cheap at start, else the thread).
@@ -101,9 +103,11 @@ class RouterSession(requests_lib.Requests):
                max_key_share: float | None = 0.25, sync_interval_s: float = 1.0,
                default_task: str | None = None, pool: base.LLMPool | None = None,
                max_queue: int | None = None, learn: learner_lib.LearnSettings | None = None,
-               versions_dir=None, policy_thread: str = "auto"):
+               versions_dir=None, policy_thread: str = "auto",
+               max_key_concurrency: int | None = None):
     self.counters = collections.Counter()
-    self.admissions = admission_lib.Admissions(max_concurrency, max_queue, self.counters)
+    self.admissions = admission_lib.Admissions(max_concurrency, max_queue, self.counters,
+                                               max_key_concurrency)
     if not sync_interval_s > 0:
       raise errors.ConfigError(f"--sync_interval_s must be > 0, got {sync_interval_s}")
     if policy_thread not in placement.POLICY_THREADS:

@@ -18,7 +18,7 @@
   GET  /v1/router/versions   a learning server's (--learn) accepted router versions with their
                              provenance, the serving one and recent rejections (admin)
   POST /v1/router/rollback   {"version": id}: serve that accepted version again (admin)
-  GET  /health               liveness and counters
+  GET  /health               up or down (details for admins)
   GET  /metrics              Prometheus text format (metrics.py)
 
 Every request first passes the gate (gate.py): Host header, Content-Type of POST bodies, API key
@@ -40,11 +40,13 @@ Errors use OpenAI's format, {"error": {"message", "type", "param", "code"}}: mal
 missing user message 400, an unsupported field 400 `unsupported_parameter`, no valid key 401, a
 role that may not 403, unknown model or id 404 (also feedback on another key's completion), body
 over the size limit 413, a body that is not JSON 415, a Host not served 421, a rate limit 429
-`rate_limit_exceeded` or a full wait queue 429 `server_overloaded` (both with Retry-After), a
-request the backbones could not answer 502, one past the deadline 504; after a stream opened, an
-SSE error event. An unexpected error is a 500 that names the request id only; its details go to
-the server log. No error body carries exception text or file paths. A client that disconnects
-cancels its chat completion (handler cancellation); other requests finish.
+`rate_limit_exceeded`, a full wait queue 429 `server_overloaded` or a key at its concurrency cap
+429 `key_concurrency_exceeded` (all with Retry-After), a request the backbones could not answer
+502, one past the deadline 504; after a stream opened, an SSE error event (a stream whose client
+does not read is cut off after the write deadline). An unexpected error is a 500 that names the
+request id only; its details go to the server log. No error body carries exception text or file
+paths. A client that disconnects cancels its chat completion (handler cancellation); other
+requests finish.
 
 This module builds the app (its middlewares, make_app) and serves it; the endpoints are
 handlers.py, the chat request's checks openai_schema.py, its answer completion.py and its stream
@@ -161,7 +163,8 @@ def make_app(session: session_lib.RouterSession, *, max_body_bytes: int = 1 << 2
              deadline_s: float = 600.0, keys: auth.KeyRing | None = None,
              host: str = "127.0.0.1", allowed_hosts=(), rate_limit_rps: float = 0.0,
              rate_limit_burst: int = 20, feedback_rps: float = 0.0,
-             keepalive_s: float = 5.0) -> web.Application:
+             keepalive_s: float = 5.0,
+             stream_write_timeout_s: float = 30.0) -> web.Application:
   """The aiohttp application serving `session`. Run it with handler_cancellation=True (as
   `serve` does) so that a client that disconnects cancels its chat completion.
 
@@ -173,14 +176,20 @@ def make_app(session: session_lib.RouterSession, *, max_body_bytes: int = 1 << 2
     host: the bound host; with `allowed_hosts` and the loopback names, the Host headers served.
     rate_limit_rps, rate_limit_burst, feedback_rps: per-caller token buckets (0: off).
     keepalive_s: a stream sends an SSE comment this often while the workflow runs.
+    stream_write_timeout_s: a stream whose client does not take its bytes within this many
+      seconds is cut off (sse.py; its workflow is cancelled).
   """
   if keepalive_s <= 0:
     raise errors.ConfigError(f"--keepalive_s must be > 0, got {keepalive_s}")
+  if not stream_write_timeout_s > 0:
+    raise errors.ConfigError(f"--stream_write_timeout_s must be > 0, got "
+                             f"{stream_write_timeout_s}")
   app = web.Application(client_max_size=max_body_bytes, middlewares=[front])
   app[app_keys.SESSION_KEY] = session
   app[app_keys.DEADLINE_KEY] = float(deadline_s)
   app[app_keys.MAX_BODY_KEY] = int(max_body_bytes)
   app[app_keys.KEEPALIVE_KEY] = float(keepalive_s)
+  app[app_keys.WRITE_TIMEOUT_KEY] = float(stream_write_timeout_s)
   app[app_keys.METRICS_KEY] = metrics = metrics_lib.Metrics(session)
   app[app_keys.GATE_KEY] = gate_lib.Gate(
       keys, auth.HostCheck(host, allowed_hosts),
@@ -209,7 +218,8 @@ def make_app(session: session_lib.RouterSession, *, max_body_bytes: int = 1 << 2
 def serve(session: session_lib.RouterSession, *, host: str, port: int, max_body_bytes: int,
           deadline_s: float, keys: auth.KeyRing | None = None, allowed_hosts=(),
           rate_limit_rps: float = 0.0, rate_limit_burst: int = 20, feedback_rps: float = 0.0,
-          keepalive_s: float = 5.0, print_fn=print) -> None:
+          keepalive_s: float = 5.0, stream_write_timeout_s: float = 30.0,
+          print_fn=print) -> None:
   """Serves until SIGINT or SIGTERM, then flushes the memory and closes the backends.
 
   Prints one line "serving graphplanner ... on http://HOST:PORT/v1" once it accepts connections
@@ -219,7 +229,7 @@ def serve(session: session_lib.RouterSession, *, host: str, port: int, max_body_
   app = make_app(session, max_body_bytes=max_body_bytes, deadline_s=deadline_s, keys=keys,
                  host=host, allowed_hosts=allowed_hosts, rate_limit_rps=rate_limit_rps,
                  rate_limit_burst=rate_limit_burst, feedback_rps=feedback_rps,
-                 keepalive_s=keepalive_s)
+                 keepalive_s=keepalive_s, stream_write_timeout_s=stream_write_timeout_s)
 
   async def main():
     # handler_cancellation: aiohttp (3.7+) leaves a handler running when its client disconnects
@@ -233,6 +243,7 @@ def serve(session: session_lib.RouterSession, *, host: str, port: int, max_body_
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
       loop.add_signal_handler(sig, stop.set)
+    app[app_keys.GATE_KEY].follow_keys(loop)   # SIGHUP or a changed keys file: keys reloaded
     # The heap built at start (JAX, the model, the memory) is moved out of the collector's
     # reach: a full collection scanned it on the event loop for 77 to 138 ms, stalling every
     # decision in flight (docs/serving.md, the fifth overhead look). Later objects are collected

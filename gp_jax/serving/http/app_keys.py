@@ -17,6 +17,7 @@ GATE_KEY = web.AppKey("gate", gate_lib.Gate)
 METRICS_KEY = web.AppKey("metrics", metrics_lib.Metrics)
 PRINCIPAL = web.RequestKey("principal", object)   # the auth.Principal the gate let in (or None)
 KEEPALIVE_KEY = web.AppKey("keepalive_s", float)
+WRITE_TIMEOUT_KEY = web.AppKey("stream_write_timeout_s", float)
 REQUEST_ID_KEY = web.RequestKey("request_id", str)
 
 

@@ -32,6 +32,13 @@ def headers(record: dict) -> dict:
           "x-gp-request-id": record["id"]}
 
 
+def capped_key(request: web.Request) -> str | None:
+  """The name of the client key whose concurrency cap a request counts against (None: an admin
+  key, or a server without keys: not capped)."""
+  who = request.get(app_keys.PRINCIPAL)
+  return None if who is None or who.is_admin else who.name
+
+
 def run(s: session_lib.RouterSession, req: openai_schema.ChatRequest, rid: str, xrid: str,
         admission: admission_lib.Admission, on_delta=None, key: str | None = None):
   """The coroutine answering `req`: the router's workflow, or one backbone call. key: the name
@@ -48,8 +55,10 @@ async def serve(request: web.Request, s: session_lib.RouterSession,
                 req: openai_schema.ChatRequest, rid: str,
                 admission: admission_lib.Admission) -> requests_lib.Served:
   """The answer within the deadline; a client that disconnects cancels it (handler
-  cancellation)."""
+  cancellation). The place counts against the asking client key's cap first (an OVERLOADED
+  Refusal, 429, when the key holds its cap already)."""
   deadline = request.app[app_keys.DEADLINE_KEY]
+  admission.assign(capped_key(request))
   try:
     async with asyncio.timeout(deadline):
       return await run(s, req, rid, request[app_keys.REQUEST_ID_KEY], admission,

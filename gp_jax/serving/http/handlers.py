@@ -2,6 +2,7 @@
 app's session (app_keys) and answers JSON; a chat completion also streams (sse.py)."""
 from __future__ import annotations
 
+import logging
 import math
 import os
 
@@ -123,9 +124,19 @@ async def rollback(request: web.Request) -> web.Response:
 
 
 async def health(request: web.Request) -> web.Response:
-  if request.get(app_keys.PRINCIPAL) is None:   # no valid key (keys are set): liveness only
-    return web.json_response({"status": "ok"})
-  return web.json_response(_no_paths(request.app[app_keys.SESSION_KEY].health()))
+  """Up or down for everyone: 200 {"status": "ok"}, or 503 {"status": "down"} when the session
+  says it cannot serve (a status other than "ok", or no health at all). Only an admin
+  (auth.health_details) reads the details: counters, memory, learner, traffic."""
+  try:
+    h = request.app[app_keys.SESSION_KEY].health()
+  except Exception:   # a probe must get an answer: the session cannot say it is fine, so down
+    logging.getLogger(__name__).exception("/health: the session's health failed")
+    h = dict(status="down")
+  up = h.get("status") == "ok"
+  body = (_no_paths(dict(h, status="ok" if up else "down"))
+          if auth.health_details(request.get(app_keys.PRINCIPAL)) else
+          {"status": "ok" if up else "down"})
+  return web.json_response(body, status=200 if up else 503)
 
 
 async def prometheus(request: web.Request) -> web.Response:

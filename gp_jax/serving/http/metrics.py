@@ -85,6 +85,14 @@ class _SessionCollector:
     yield counter("gp_router_unservable", "Requests the backbones could not answer (502).",
                   c["unservable"])
     yield counter("gp_router_timeouts", "Requests past the deadline (504).", c["timeout"])
+    refused = CounterMetricFamily("gp_router_overloaded", "Requests refused at once with 429: "
+                                  "every place taken (server), or the key at its cap (key).",
+                                  labels=["scope"])
+    refused.add_metric(["server"], float(c["overloaded"]))
+    refused.add_metric(["key"], float(c["key_overloaded"]))
+    yield refused
+    yield counter("gp_router_streams_stalled", "Streams cut off because the client did not take "
+                  "their bytes within --stream_write_timeout_s.", c["stream_stalled"])
     learner = getattr(s, "learner", None)
     if learner is not None:
       lc = learner.counters

@@ -1,6 +1,7 @@
 """The OpenAI chat request a router server takes: the body's JSON, its messages, the fields it
 refuses (unsupported_parameter) and the sampling it asks for, checked into a ChatRequest (the
-first bad field is the 400 or 404)."""
+first bad field is the 400 or 404). A `max_tokens` (or `max_completion_tokens`) above the served
+config's sampling.max_tokens is clamped to it (docs/serving.md, Bounds)."""
 from __future__ import annotations
 
 import dataclasses
@@ -140,7 +141,9 @@ def _task_hint(body: dict) -> str | None:
 
 
 def _sampling(body: dict, default: base.SamplingParams) -> base.SamplingParams:
-  """The request's sampling (the served config's values where it gives none)."""
+  """The request's sampling (the served config's values where it gives none). Its token cap is
+  at most the served config's: a larger one is clamped to it, so one request cannot hold a slot
+  and the stream's buffers for more tokens than the operator set."""
   stop = body.get("stop")
   if isinstance(stop, str):
     stop = (stop,)
@@ -158,7 +161,8 @@ def _sampling(body: dict, default: base.SamplingParams) -> base.SamplingParams:
       body, "max_tokens", 1, 1 << 20, True)
   seed = _number(body, "seed", -(1 << 63), (1 << 63) - 1, True)
   return base.SamplingParams(temperature=default.temperature if t is None else t,
-                             max_tokens=default.max_tokens if mt is None else mt,
+                             max_tokens=default.max_tokens if mt is None else min(
+                                 mt, default.max_tokens),
                              top_p=default.top_p if top_p is None else top_p,
                              seed=default.seed if seed is None else seed,
                              stop=stop or default.stop)

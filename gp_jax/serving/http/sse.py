@@ -1,7 +1,13 @@
 """A streamed chat completion (`stream: true`) as OpenAI server-sent events: the stream opens at
 once, keep-alive comments while the workflow runs, the final call's tokens as the pool streams
 them, the finish and usage chunks, `data: [DONE]`; a failure after the headers went out is one
-SSE error event."""
+SSE error event.
+
+Every write has a deadline (the app's stream_write_timeout_s): the client must take the stream's
+bytes until at most WRITE_BUFFER_BYTES wait in the server's buffer (beyond what the kernel's
+socket buffers hold), and at the end every byte. A client that does not (it never reads, or reads
+too slowly) has its connection aborted, which drops what was buffered for it; the workflow, if it
+still runs, is cancelled, freeing its slot (`stream_stalled` counts these)."""
 from __future__ import annotations
 
 import asyncio
@@ -20,6 +26,12 @@ from gp_jax.serving.http import openai_schema
 
 STREAM_PIECE_CHARS = 24     # characters of the answer per SSE chunk
 KEEPALIVE = b": keep-alive\n\n"   # an SSE comment: clients skip it, proxies see traffic
+WRITE_BUFFER_BYTES = 64 << 10   # a stream's bytes the server holds for a client that lags
+
+
+class StreamStalled(Exception):
+  """The client did not take a stream's bytes within the write deadline (its connection was
+  aborted)."""
 
 
 def _sse(obj) -> bytes:
@@ -34,6 +46,7 @@ class _Stream:
     self.request, self.s, self.req, self.rid, self.admission = request, s, req, rid, admission
     self.created = int(time.time())
     self.deadline_s = request.app[app_keys.DEADLINE_KEY]
+    self.write_timeout_s = request.app[app_keys.WRITE_TIMEOUT_KEY]
     self.ends = time.monotonic() + self.deadline_s
     self.events: asyncio.Queue = asyncio.Queue()
     self.work: asyncio.Task | None = None
@@ -47,11 +60,34 @@ class _Stream:
                                                        "finish_reason": finish,
                                                        "logprobs": None}], **extra})
 
+  async def send(self, data: bytes, *, last: bool = False) -> None:
+    """Writes `data`; returns once at most WRITE_BUFFER_BYTES of the stream wait in the server's
+    buffer (`last`: the response ends, and none may wait). Past the write deadline: aborts the
+    connection, which drops its buffer, and raises StreamStalled."""
+    transport = self.request.transport
+    try:
+      async with asyncio.timeout(self.write_timeout_s):
+        await self.resp.write(data)
+        if last:
+          await self.resp.write_eof()
+          if transport is not None:   # the drain below then waits for an empty buffer
+            transport.set_write_buffer_limits(high=0)
+        await self.request.writer.drain()
+    except TimeoutError:
+      if transport is not None:
+        transport.abort()
+      raise StreamStalled() from None
+    finally:
+      if last and transport is not None and not transport.is_closing():
+        transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)   # the connection goes on
+
   async def open(self) -> None:
     """Headers and the role chunk, before the workflow runs; then the workflow's task."""
     try:
       await self.resp.prepare(self.request)
-      await self.resp.write(self.chunk({"role": "assistant", "content": ""}))
+      if self.request.transport is not None:
+        self.request.transport.set_write_buffer_limits(high=WRITE_BUFFER_BYTES)
+      await self.send(self.chunk({"role": "assistant", "content": ""}))
     except BaseException:
       self.admission.cancel()
       raise
@@ -83,12 +119,12 @@ class _Stream:
           self.s.counters["timeout"] += 1
           raise http_errors.RequestError(504, f"no answer within the server's deadline of "
                                          f"{self.deadline_s:g} s", "timeout") from None
-        await self.resp.write(KEEPALIVE)
+        await self.send(KEEPALIVE)
         continue
       if item is self:
         return streamed
       streamed = True
-      await self.resp.write(self.chunk({"content": item}))
+      await self.send(self.chunk({"content": item}))
 
   async def answer(self, streamed: bool) -> None:
     """The rest of the answer: its text if no piece came, the finish chunk with the route, the
@@ -99,13 +135,13 @@ class _Stream:
     if not streamed:   # nothing came through on_delta (e.g. an empty answer): the answer here
       text = served.answer
       for i in range(0, len(text), STREAM_PIECE_CHARS):
-        await self.resp.write(self.chunk({"content": text[i:i + STREAM_PIECE_CHARS]}))
-    await self.resp.write(self.chunk({}, rec["finish_reason"],
-                                     graphplanner=completion_lib.extension(rec)))
+        await self.send(self.chunk({"content": text[i:i + STREAM_PIECE_CHARS]}))
+    await self.send(self.chunk({}, rec["finish_reason"],
+                               graphplanner=completion_lib.extension(rec)))
     if self.req.include_usage:
-      await self.resp.write(_sse({"id": self.rid, "object": "chat.completion.chunk",
-                                  "created": self.created, "model": self.req.model,
-                                  "choices": [], "usage": rec["usage"]}))
+      await self.send(_sse({"id": self.rid, "object": "chat.completion.chunk",
+                            "created": self.created, "model": self.req.model, "choices": [],
+                            "usage": rec["usage"]}))
 
   async def error(self, e: Exception) -> None:
     """A failure after the headers went out: one SSE error event."""
@@ -115,12 +151,11 @@ class _Stream:
       err = http_errors.RequestError(500, f"internal error (request id "
                                      f"{app_keys.request_id(self.request)}; the details are in "
                                      "the server log)", "internal_error")
-    await self.resp.write(b"event: error\n" + _sse(http_errors.error_body(
+    await self.send(b"event: error\n" + _sse(http_errors.error_body(
         err.status, err.message, err.code, err.param)))
 
   async def close(self) -> None:
-    await self.resp.write(b"data: [DONE]\n\n")
-    await self.resp.write_eof()
+    await self.send(b"data: [DONE]\n\n", last=True)
 
 
 async def stream(request: web.Request, s: session_lib.RouterSession,
@@ -131,13 +166,20 @@ async def stream(request: web.Request, s: session_lib.RouterSession,
   the pool streams it (all at once from a pool that cannot stream); the chunk with the
   finish_reason and the route; the usage when asked; [DONE]. A failure after the stream opened
   is one SSE error event (OpenAI's error object), then [DONE]. A client that leaves cancels the
-  workflow."""
+  workflow; so does one that does not take the stream's bytes within the write deadline, whose
+  connection is then aborted (StreamStalled). The client key's place is counted before the
+  stream opens (a key over its cap gets a plain 429)."""
+  admission.assign(completion_lib.capped_key(request))
   st = _Stream(request, s, req, rid, admission)
-  await st.open()
+  try:
+    await st.open()
+  except StreamStalled:
+    s.counters["stream_stalled"] += 1
+    return st.resp
   try:
     try:
       await st.answer(await st.relay())
-    except (ConnectionResetError, asyncio.CancelledError):
+    except (ConnectionResetError, asyncio.CancelledError, StreamStalled):
       raise
     except Exception as e:   # a Refusal, a RequestError, or a bug: an event of the stream
       await st.error(e)
@@ -145,6 +187,8 @@ async def stream(request: web.Request, s: session_lib.RouterSession,
       if not st.work.done():
         st.work.cancel()
     await st.close()
+  except StreamStalled:   # the client did not read: cut off, its buffer dropped
+    s.counters["stream_stalled"] += 1
   except ConnectionResetError:   # the client left
     s.counters["client_gone"] += 1
   except asyncio.CancelledError:   # the client left (handler cancellation)

@@ -379,6 +379,9 @@ class PostgresStore:
       return seq
     return int(self._write(f"store the route record of {rid!r}", "gp_jax_route", write))
 
+  def append_routes(self, records: list[dict]) -> list[int]:
+    return [self.append_route(r) for r in records]   # one transaction each, as append_route
+
   def _route_record(self, row) -> dict:
     seq, text, score = row
     rec = json.loads(text)

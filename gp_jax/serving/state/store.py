@@ -63,13 +63,15 @@ class StoreConfig:
   memory_path: the memory base (None: RAM only). route_log: the route log (None: RAM only).
   memory_url: postgresql://... (then the PostgreSQL store, and the paths are unused).
   namespace: the name under which replicas of one router share PostgreSQL rows.
-  segment_bytes: route-log segment size. recover: start past a damaged journal record.
+  segment_bytes: route-log segment size. route_retention: which route-log segments are kept
+  (route_log.parse_retention; "" keeps all). recover: start past a damaged journal record.
   """
   memory_path: str | None = None
   route_log: str | None = None
   memory_url: str = ""
   namespace: str = "default"
   segment_bytes: int = route_log_lib.SEGMENT_BYTES
+  route_retention: str = ""
   recover: bool = False
 
 
@@ -80,7 +82,8 @@ class FileStore:
   shared = False   # one process: nothing to follow from other replicas
 
   def __init__(self, memory_path, route_log, *, row_dim: int, num_hubs: int,
-               segment_bytes: int = route_log_lib.SEGMENT_BYTES, recover: bool = False):
+               segment_bytes: int = route_log_lib.SEGMENT_BYTES, route_retention: str = "",
+               recover: bool = False):
     self.memory_path = pathlib.Path(memory_path) if memory_path else None
     route_log = pathlib.Path(route_log) if route_log else None
     self._locks = []
@@ -93,7 +96,8 @@ class FileStore:
     try:
       self.memfile = (journal_lib.MemoryFile(self.memory_path, row_dim=row_dim, num_hubs=num_hubs)
                       if self.memory_path else None)
-      self.routes = route_log_lib.RouteLog(route_log, segment_bytes=segment_bytes)
+      self.routes = route_log_lib.RouteLog(route_log, segment_bytes=segment_bytes,
+                                           retention=route_retention)
     except BaseException:
       self.close()
       raise
@@ -144,7 +148,14 @@ class FileStore:
   def add_feedback(self, fb: Feedback) -> Feedback:
     """Group commit: feedback from concurrent callers that arrives while a write is under way is
     written together by the next write (one append, one fsync); each caller returns once its
-    own record is durable, or raises (then nothing of its group is stored)."""
+    own record is durable, or raises (then nothing of its group is stored). The route log is
+    made durable first, so an acknowledged feedback never names a route line a power loss
+    could remove."""
+    try:
+      self.routes.sync()
+    except OSError as e:
+      raise errors.StorageError(f"the route log cannot be made durable "
+                                f"({files.describe_os_error(e)}); the feedback was not stored")
     with self._cond:
       if self._broken:
         raise errors.StorageError(self._broken)
@@ -224,6 +235,9 @@ class FileStore:
   def append_route(self, record: dict) -> int:
     return self.routes.append(record)
 
+  def append_routes(self, records: list[dict]) -> list[int]:
+    return self.routes.append_many(records)
+
   def route(self, rid: str) -> dict | None:
     return self.routes.get(rid)
 
@@ -257,5 +271,6 @@ def open_store(cfg: StoreConfig, *, row_dim: int, num_hubs: int):
     return postgres.PostgresStore(cfg.memory_url, row_dim=row_dim, num_hubs=num_hubs,
                                   namespace=cfg.namespace)
   return FileStore(cfg.memory_path, cfg.route_log, row_dim=row_dim, num_hubs=num_hubs,
-                   segment_bytes=cfg.segment_bytes, recover=cfg.recover)
+                   segment_bytes=cfg.segment_bytes, route_retention=cfg.route_retention,
+                   recover=cfg.recover)
 

@@ -80,6 +80,11 @@ class ServedStore(Protocol):
   def append_route(self, record: dict) -> int:
     """Stores one route record (a served request) and returns its seq."""
 
+  def append_routes(self, records: list[dict]) -> list[int]:
+    """Stores route records in this order (the engine's batch of one loop tick); returns their
+    seqs. Raises OSError or StorageError when they cannot be written (then none is acknowledged
+    to its client)."""
+
   def route(self, rid: str) -> dict | None:
     """The route record of completion `rid`, with its `seq`; None when unknown."""
 
