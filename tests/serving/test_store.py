@@ -269,6 +269,16 @@ def test_route_log_batches_keep_references_in_ram_and_read_back(tmp_path):
   assert [r["id"] for r in route_log_lib.read_log(log)][:6] == [f"r{i}" for i in range(6)]
 
 
+def test_a_route_log_without_files_keeps_a_bounded_amount_of_text(monkeypatch):
+  monkeypatch.setattr(route_log_lib, "RAM_ONLY_BYTES", 100_000)
+  rl = route_log_lib.RouteLog(None)
+  for i in range(50):   # 50 records of 10 kB of text each: about 500 kB
+    rl.append(dict(_route(i), query="q" * 10_000))
+  assert 8 <= len(rl.records) <= 10 and rl.ram_bytes <= 100_000
+  assert rl.get("r0") is None and rl.get("r49")["query"] == "q" * 10_000
+  assert [r["id"] for r in rl.after(0, 100)] == [f"r{i}" for i in range(50 - len(rl.records), 50)]
+
+
 def test_route_log_restarts_after_segments_are_removed(tmp_path):
   """Removing a stopped server's oldest segment loses only its records; removing the active one
   never makes the log reuse a seq or a segment name."""

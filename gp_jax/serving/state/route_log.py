@@ -23,7 +23,8 @@ score), each with `seq`, the store's line number, which `routes_after` pages by.
   than the size. The active segment is never removed.
 - **RAM.** For a log in files, RAM holds a small reference per recent route (its segment, offset
   and length, and its feedback score): records are read back from the files when asked for. A
-  log without a path keeps its newest `keep` records in RAM.
+  log without a path keeps its newest records in RAM, at most `keep` of them and at most
+  RAM_ONLY_BYTES of their texts (feedback for an older one gets 404, as for an unknown id).
 """
 from __future__ import annotations
 
@@ -42,6 +43,7 @@ from gp_jax import errors
 _log = logging.getLogger(__name__)
 
 SEGMENT_BYTES = 256 << 20   # default route-log segment size
+RAM_ONLY_BYTES = 64 << 20   # texts a route log without files keeps in RAM (about)
 _UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 _UNITS_B = {"b": 1, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40}
 
@@ -144,6 +146,7 @@ class RouteLog:
     self.path = pathlib.Path(path) if path else None
     self.records: collections.OrderedDict[str, dict | _Ref] = collections.OrderedDict()
     self.keep, self.segment_bytes = keep, segment_bytes
+    self.ram_bytes, self.ram_limit = 0, RAM_ONLY_BYTES   # texts of records held whole
     self.skipped_lines = self.cut_lines = self.removed_segments = 0
     self.seq = self.synced_seq = self.route_seq = 0
     self.dropped_seq = 0          # the newest route seq no longer in RAM (0: RAM has them all)
@@ -232,8 +235,13 @@ class RouteLog:
   def _remember(self, rec: dict, ref: _Ref | None) -> None:
     if rec.get("type") == "route":
       self.records[rec["id"]] = ref if ref is not None else rec
-      while len(self.records) > self.keep:
+      if ref is None:
+        self.ram_bytes += _text_bytes(rec)
+      while len(self.records) > self.keep or (self.ram_bytes > self.ram_limit
+                                              and len(self.records) > 1):
         _, old = self.records.popitem(last=False)
+        if not isinstance(old, _Ref):
+          self.ram_bytes -= _text_bytes(old)
         self.dropped_seq = max(self.dropped_seq,
                                old.seq if isinstance(old, _Ref) else int(old["seq"]))
     elif rec.get("type") == "feedback" and rec.get("id") in self.records:
@@ -340,6 +348,13 @@ class RouteLog:
         except OSError as e:
           _log.error("%s: the route log's numbering was not saved (%s); a restart continues "
                      "after the newest seq in the files", _seq_file(self.path), e)
+
+
+def _text_bytes(rec: dict) -> int:
+  """About what a route record held whole in RAM weighs: its texts, plus a fixed part."""
+  calls = rec.get("calls") or ()
+  return 512 + len(rec.get("query") or "") + len(rec.get("answer") or "") + sum(
+      256 + len(c.get("input_text") or "") + len(c.get("output_text") or "") for c in calls)
 
 
 def read_segment(seg: pathlib.Path, counter=None, seq: int = 0
