@@ -26,28 +26,13 @@ KEY_CODE = "key_concurrency_exceeded"   # the refusal code of a key over its cap
 
 class Admission:
   """A request's place from `Admissions.admit`: `async with` waits for a workflow slot and holds
-  it; `cancel` gives back a place never used; `assign` counts it against an API key."""
+  it; `cancel` gives back a place never used. key: the client key it counts against."""
 
   def __init__(self, control: "Admissions", key: str | None = None):
     self._c = control
     self._state = "waiting"
     self._t0 = 0.0
     self.key = key
-
-  def assign(self, key: str | None) -> "Admission":
-    """Counts this waiting place against `key`'s cap (a place admitted before its key was
-    known). Raises Refusal OVERLOADED (`key_concurrency_exceeded`), after giving the place back,
-    when `key` already holds its cap of places."""
-    if key is None or key == self.key or self._state != "waiting":
-      return self
-    try:
-      self._c.take_key(key)
-    except errors_lib.Refusal:
-      self.cancel()
-      raise
-    self._c.drop_key(self.key)
-    self.key = key
-    return self
 
   async def __aenter__(self) -> "Admission":
     c = self._c

@@ -145,9 +145,10 @@ class RouterSession(requests_lib.Requests):
     self._store_io = store_io
 
   # ---- admission -------------------------------------------------------------------------------
-  def admit(self) -> admission_lib.Admission:
-    """A place for one request (Admissions.admit; an OVERLOADED Refusal when full)."""
-    return self.admissions.admit()
+  def admit(self, key: str | None = None) -> admission_lib.Admission:
+    """A place for one request, counted against client key `key` (Admissions.admit; an
+    OVERLOADED Refusal when full or when the key holds its cap)."""
+    return self.admissions.admit(key)
 
   def _load_router(self, config, pool: base.LLMPool | None, default_task: str | None) -> None:
     """The system of the recorded config, the trained router of self.workdir, the task

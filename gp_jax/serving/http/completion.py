@@ -55,10 +55,8 @@ async def serve(request: web.Request, s: session_lib.RouterSession,
                 req: openai_schema.ChatRequest, rid: str,
                 admission: admission_lib.Admission) -> requests_lib.Served:
   """The answer within the deadline; a client that disconnects cancels it (handler
-  cancellation). The place counts against the asking client key's cap first (an OVERLOADED
-  Refusal, 429, when the key holds its cap already)."""
+  cancellation)."""
   deadline = request.app[app_keys.DEADLINE_KEY]
-  admission.assign(capped_key(request))
   try:
     async with asyncio.timeout(deadline):
       return await run(s, req, rid, request[app_keys.REQUEST_ID_KEY], admission,

@@ -45,7 +45,8 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
   s = request.app[app_keys.SESSION_KEY]
   req = openai_schema.chat_request(await openai_schema.json_body(request), s)
   rid = requests_lib.new_id()
-  admission = s.admit()   # 429 now, before any wait, when the queue is full
+  # 429 now, before any wait, when the queue is full or the client key holds its cap
+  admission = s.admit(completion_lib.capped_key(request))
   if req.stream:
     return await sse.stream(request, s, req, rid, admission)
   served = await completion_lib.serve(request, s, req, rid, admission)

@@ -167,9 +167,8 @@ async def stream(request: web.Request, s: session_lib.RouterSession,
   finish_reason and the route; the usage when asked; [DONE]. A failure after the stream opened
   is one SSE error event (OpenAI's error object), then [DONE]. A client that leaves cancels the
   workflow; so does one that does not take the stream's bytes within the write deadline, whose
-  connection is then aborted (StreamStalled). The client key's place is counted before the
-  stream opens (a key over its cap gets a plain 429)."""
-  admission.assign(completion_lib.capped_key(request))
+  connection is then aborted (StreamStalled). The client key's place was counted at admission,
+  before the stream opens (a key over its cap gets a plain 429)."""
   st = _Stream(request, s, req, rid, admission)
   try:
     await st.open()

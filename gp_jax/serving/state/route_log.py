@@ -202,34 +202,52 @@ class RouteLog:
     """Removes the oldest closed segments that retention no longer keeps (under the lock)."""
     if self.max_age_s is None and self.max_bytes is None:
       return
-    closed = [(k, p) for k, p in _numbered_segments(self.path) if p.exists() and k < self._k]
-    sizes = {k: p.stat().st_size for k, p in closed}
-    total = sum(sizes.values()) + self._file.tell()
+    closed = [(k, p, p.stat()) for k, p in _numbered_segments(self.path)
+              if p.exists() and k < self._k]
+    total = sum(st.st_size for _, _, st in closed) + self._file.tell()
     now = time.time()
     gone = 0
-    for k, p in closed:
-      too_old = self.max_age_s is not None and now - p.stat().st_mtime > self.max_age_s
+    for k, p, st in closed:
+      too_old = self.max_age_s is not None and now - st.st_mtime > self.max_age_s
       too_big = self.max_bytes is not None and total > self.max_bytes
       if not (too_old or too_big):
         break
       p.unlink()
-      total -= sizes[k]
+      total -= st.st_size
       gone = k
       self.removed_segments += 1
     if gone:
       for rid in [rid for rid, r in self.records.items() if r.k <= gone]:
         self.dropped_seq = max(self.dropped_seq, self.records.pop(rid).seq)
 
-  def _read_ref(self, ref: _Ref) -> dict | None:
+  def _read_refs(self, refs: list[_Ref]) -> list[dict]:
+    """The records `refs` point to, in their order, each segment opened once; a record whose
+    segment retention removed meanwhile is left out."""
+    out, f, k = [], None, None
     try:
-      with open(_segment(self.path, ref.k), "rb") as f:
-        rec = json.loads(os.pread(f.fileno(), ref.length, ref.offset))
-    except (OSError, ValueError):
-      return None   # removed by retention meanwhile
-    rec["seq"] = ref.seq
-    if ref.score is not None:
-      rec["feedback"] = ref.score
-    return rec
+      for ref in refs:
+        if ref.k != k:
+          if f is not None:
+            f.close()
+          k, f = ref.k, None
+          try:
+            f = open(_segment(self.path, k), "rb")
+          except OSError:
+            continue
+        if f is None:
+          continue
+        try:
+          rec = json.loads(os.pread(f.fileno(), ref.length, ref.offset))
+        except (OSError, ValueError):
+          continue
+        rec["seq"] = ref.seq
+        if ref.score is not None:
+          rec["feedback"] = ref.score
+        out.append(rec)
+    finally:
+      if f is not None:
+        f.close()
+    return out
 
   # ---- RAM ---------------------------------------------------------------------------------
   def _remember(self, rec: dict, ref: _Ref | None) -> None:
@@ -308,7 +326,8 @@ class RouteLog:
       held = self.records.get(rid)
     if held is None or isinstance(held, dict):
       return held
-    return self._read_ref(held)
+    got = self._read_refs([held])
+    return got[0] if got else None
 
   def after(self, seq: int, limit: int) -> list[dict]:
     """Route records with seq > `seq`, oldest first, at most `limit` (from RAM, or from the files
@@ -325,8 +344,7 @@ class RouteLog:
         held = None
         self._file.flush()
     if held is not None:
-      got = [r if isinstance(r, dict) else self._read_ref(r) for r in held]
-      return [r for r in got if r is not None]
+      return held if self.path is None else self._read_refs(held)
     scores, out = {}, []
     for rec in read_log(self.path):
       if rec["type"] == "feedback":
