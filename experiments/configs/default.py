@@ -141,6 +141,12 @@ def get_config() -> ml_collections.ConfigDict:
   c.train.force_planner_episodes = 0   # the run's first N training episodes start with a Planner
                                    # (their first decision allows only planner actions; the
                                    # released code's option, docs/official.md); 0 = none
+  c.train.root_floor = 0.0          # root credit (gp_jax/rl/root_credit.py): training episodes
+                                   # draw their first action from (1 - e) x the policy + e x
+                                   # uniform over the valid actions, e = this; 0 = off
+  c.train.root_rollout = 0         # root credit: per iteration, the first N episodes' root
+                                   # advantages from paired greedy continuations (split vs
+                                   # answer; use with ppo.gamma = 1); 0 = off
   c.train.phase1_episodes = 0      # warm start: the first N training episodes (whole iterations,
                                    # counted in train.episodes) run the fixed Phase-1 workflow of
                                    # depth phase1_depth and width phase1_width, then Phase 2

@@ -19,6 +19,9 @@ Two layouts of the transitions:
             padding up to N;
   "grid"    N = E x T, transition (e, t) in slot e x T + t, empty cells padding.
 Padding slots copy the last real transition (finite inputs, so weight 0 removes them exactly).
+Optional transitions adv_override [N] and adv_override_on [N] (bool): where on, `advantages`
+gives that advantage instead of GAE's (the return, the value target, stays GAE's A + V): the
+root-credit option root_rollout (gp_jax/rl/root_credit.py) sets its root decisions so.
 
 With gamma = 1 (ppo.gamma) the returns are undiscounted: with gae_lambda = 1 too, a transition's
 advantage is the plain sum of the episode's rewards from its step on minus V(s_t), and its return
@@ -142,7 +145,10 @@ def advantages(batch: Batch, gamma: float, gae_lambda: float) -> tuple[chex.Arra
   e, t = tr["episode"], tr["step"]
   real = tr["weights"] > 0
   a = adv[e, t]
-  return jnp.where(real, a, 0.0), jnp.where(real, a + batch.values[e, t], 0.0)
+  returns = jnp.where(real, a + batch.values[e, t], 0.0)
+  if "adv_override_on" in tr:   # static: only batches built with overrides carry the fields
+    a = jnp.where(tr["adv_override_on"], tr["adv_override"], a)
+  return jnp.where(real, a, 0.0), returns
 
 
 def action_kinds(space) -> tuple[str, ...]:
@@ -202,14 +208,17 @@ def padding_buckets(max_size: int, unit: int) -> list[int]:
 
 def build_batch(episodes: Sequence[Any], history: history_lib.HistoryMemory | None, *,
                 batch_size: int, num_episodes: int, max_calls: int,
-                num_hubs: int, predictor: bool = False) -> tuple[Batch, dict]:
+                num_hubs: int, predictor: bool = False,
+                root_advantages: dict[int, float] | None = None) -> tuple[Batch, dict]:
   """GraphPlanner's packed Batch of `batch_size` transitions, and the history inputs, from
   finished rollout episodes (gp_jax.rl.rollout.Episode).
 
   num_episodes, max_calls: the grid (the update's episode count and the MDP's call bound).
   history: the memory whose per-hub sums the decisions read (transductive), else None.
   predictor: the model has a memory predictor: the history inputs also hold its examples, one
-  per history row (history.predictor_pairs)."""
+  per history row (history.predictor_pairs).
+  root_advantages: {episode index: advantage} replacing GAE's at those episodes' first
+  transition (adv_override, module docstring); None: the batch has no override fields."""
   obs = [o for e in episodes for o in e.obs]
   snaps = [s for e in episodes for s in e.snapshots]
   n = len(obs)
@@ -227,6 +236,12 @@ def build_batch(episodes: Sequence[Any], history: history_lib.HistoryMemory | No
                      old_logp=np.asarray([l for e in episodes for l in e.logp], np.float32),
                      hist_chunk=hist_inputs.pop("chunk").astype(np.int32),
                      hist_count=hist_inputs.pop("count").astype(np.float32))
+  if root_advantages is not None:
+    first = np.cumsum([0] + [len(e.actions) for e in episodes])[:-1]
+    on, value = np.zeros(n, bool), np.zeros(n, np.float32)
+    for i, v in root_advantages.items():
+      on[first[i]], value[first[i]] = True, v
+    transitions.update(adv_override=value, adv_override_on=on)
   batch = build(transitions, [e.rewards for e in episodes], [e.values for e in episodes],
                 size=batch_size, num_episodes=num_episodes, num_steps=max_calls)
   return batch, hist_inputs

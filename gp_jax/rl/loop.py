@@ -46,6 +46,7 @@ from gp_jax.rl import checkpoint as checkpoint_lib
 from gp_jax.rl import parallel
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
+from gp_jax.rl import root_credit
 from gp_jax.types import Query
 from gp_jax.util import aio
 from gp_jax.util import buckets as buckets_lib
@@ -137,6 +138,10 @@ class LoopSettings:
     force_planner_episodes: the run's first this many training episodes (counted from the start
       of the run, over resumes: episode j is query j of the run's stream) take their first step
       among the planner actions only (the released code's forced-planner episodes; 0: none).
+    root_floor: the behaviour policy's floor e at each training episode's first decision
+      (gp_jax/rl/root_credit.py; 0: none).
+    root_rollout: per iteration, the first this many episodes' root advantages come from paired
+      greedy continuations (root_credit.py; 0: none; one process only).
   """
   episodes: int
   episodes_per_iter: int
@@ -151,6 +156,8 @@ class LoopSettings:
   predictor: bool = False
   force_planner_episodes: int = 0
   entropy_stop_min_episodes: int = 0
+  root_floor: float = 0.0
+  root_rollout: int = 0
 
   @property
   def iterations(self) -> int:
@@ -268,6 +275,9 @@ def train(workdir: str | pathlib.Path, *, env: env_lib.WorkflowEnv,
   """
   workdir = pathlib.Path(workdir)
   procs, rank = jax.process_count(), jax.process_index()
+  if settings.root_rollout and procs > 1:
+    raise errors.ConfigError("train.root_rollout runs in one process (its continuations run on "
+                             "the learner's process): set it to 0 with several processes")
   state = init_state(model, featurizer, optimizer, settings.seed)
   # The history memory grows in every mode but inductive; only transductive sums its rows.
   history = history_lib.HistoryMemory(featurizer.spec.row_dim, env.space.size,
@@ -360,7 +370,7 @@ def _rollouts(loop: _Loop, it: int) -> list[rollout.Episode]:
       loop.env, loop.featurizer, loop.runner, batch_q,
       key=jax.random.fold_in(jax.random.PRNGKey(s.seed + 1), it),
       greedy=False, history=history, grow_history=memory, seed_salt=(s.seed, it), shard=shard,
-      planner_first=s.planner_first(it)))
+      planner_first=s.planner_first(it), root_floor=s.root_floor))
   if procs > 1:   # every process builds the same batch from all the episodes, in query order
     episodes = [e for part in parallel.allgather_objects(episodes) for e in part]
   return episodes
@@ -373,11 +383,12 @@ def _iteration(loop: _Loop, state: ppo.TrainingState, progress: LoopState,
   s = loop.settings
   t_roll = time.time()
   episodes = _rollouts(loop, it)
+  root, root_rec = _root_rollout(loop, it, episodes) if s.root_rollout else (None, {})
   t_upd = time.time()
   size = _padded_size(loop, progress.padded_size, sum(len(e.rewards) for e in episodes))
   batch, hist_inputs = batch_lib.build_batch(
       episodes, loop.history if s.history == "transductive" else None, batch_size=size, num_episodes=s.episodes_per_iter, max_calls=s.max_calls,
-      num_hubs=loop.env.space.size, predictor=s.predictor)
+      num_hubs=loop.env.space.size, predictor=s.predictor, root_advantages=root)
   if s.history == "summary":   # the summary every decision of this iteration read
     hist_inputs["summary"] = loop.runner.history_input_array()
   state, m = loop.update(state, loop.hub_features, hist_inputs, batch)
@@ -403,10 +414,28 @@ def _iteration(loop: _Loop, state: ppo.TrainingState, progress: LoopState,
              update_compiles=ppo.compile_count(loop.update), **m)
   if s.force_planner_episodes:   # only in runs that force: other runs' records stay as they were
     rec["planner_first"] = int(sum(e.planner_first for e in episodes))
-  rec.update(decision_metrics(episodes))
+  rec.update(decision_metrics(episodes), **root_rec)
   # Backend counters (calls, failures by kind, retries...) of real pools, cumulative.
   rec.update({f"pool/{k}": v for k, v in env.pool.stats().items() if isinstance(v, (int, float))})
   return state, progress, rec
+
+
+def _root_rollout(loop: _Loop, it: int, episodes: list[rollout.Episode]) -> tuple[dict, dict]:
+  """The root advantages of iteration `it`'s first settings.root_rollout episodes from paired
+  greedy continuations (gp_jax/rl/root_credit.py; run before the update, with the parameters the
+  iteration's rollouts used and the history as they left it, which they do not grow), and their
+  record: root_rollout/split_minus_direct (the
+  mean of R_split - R_direct) and root_rollout/replaced (root advantages replaced)."""
+  s = loop.settings
+  first = episodes[:s.root_rollout]
+  r_direct, r_split = aio.run(root_credit.paired_returns(
+      loop.env, loop.featurizer, loop.runner, [e.query for e in first],
+      key=jax.random.PRNGKey(s.seed), history=loop.history if _grows(s) else None,
+      seed_salt=(s.seed, it, "root_rollout")))
+  root = root_credit.root_overrides([e.actions[0] for e in first], [e.obs[0]["mask"] for e in first],
+                                    r_direct, r_split, loop.env.space)
+  return root, {"root_rollout/split_minus_direct": float(np.mean(r_split - r_direct)),
+                "root_rollout/replaced": len(root)}
 
 
 def decision_metrics(episodes: list[rollout.Episode]) -> dict:

@@ -18,6 +18,12 @@ as in training and keeps it within its capacity as they join (see `run_episodes`
 Forced planners (training's force_planner_episodes): the first `planner_first` queries' episodes
 decide their first step among the planners only (mdp.planner_only); the observation stores that
 mask, so the decision's log-probability and the PPO update's ratio are both under it.
+(`first_kind="executor"` restricts those first steps to the executors instead: the root-credit
+continuations that answer directly, gp_jax/rl/root_credit.py.)
+Root floor (training's root_floor = e > 0, sampled rollouts only): each episode's first action is
+drawn from the behaviour mixture (1 - e) x the policy + e x uniform over the valid actions, and
+its recorded log-probability is the mixture's (root_credit.floor_root), so the PPO ratio at the
+root is taken against what sampled it. Greedy rollouts read the policy alone.
 Decision statistics (training's metrics, gp_jax/rl/loop.py): every decision records the entropy
 of the distribution its action was drawn from (the softmax of the masked logits, over the valid
 actions) and its type, read from the state and the mask at decision time (`decision_type`):
@@ -51,6 +57,7 @@ from gp_jax.graph import garnet as garnet_lib
 from gp_jax.graph import history as history_lib
 from gp_jax.rl import batch as batch_lib
 from gp_jax.rl import parallel
+from gp_jax.rl import root_credit
 from gp_jax.types import Query
 from gp_jax.workflow import env as env_lib
 from gp_jax.workflow import mdp
@@ -304,7 +311,7 @@ class Episode:
   rewards: list = dataclasses.field(default_factory=list)
   snapshots: list = dataclasses.field(default_factory=list)
   utility: float = 0.0
-  planner_first: bool = False   # the first decision was among the planners only
+  first_kind: str = ""   # the first decision was among this role kind's actions only ("": any)
   # Decision statistics (module docstring): per decision its type and the entropy of the
   # distribution it was drawn from; the planner probability of the first decision.
   decision_types: list = dataclasses.field(default_factory=list)
@@ -315,9 +322,14 @@ class Episode:
     """The valid actions of the next decision, bool [A]: the env's, restricted to the planners at
     a planner-first episode's first decision."""
     mask = env.mask(self.state)
-    if self.planner_first and self.state.steps == 0:
-      return mdp.planner_only(mask, env.space)
+    if self.first_kind and self.state.steps == 0:
+      return mdp.kind_only(mask, env.space, self.first_kind)
     return mask
+
+  @property
+  def planner_first(self) -> bool:
+    """The first decision was among the planners only (a forced-planner episode)."""
+    return self.first_kind == "planner"
 
   @property
   def episode_return(self) -> float:
@@ -373,7 +385,8 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
                        runner: PolicyRunner, queries: list[Query], *, key: jax.Array,
                        greedy: bool, history: history_lib.HistoryMemory | None,
                        grow_history: bool, seed_salt, task_text=None, online: bool = False,
-                       shard: RolloutShard | None = None, planner_first: int = 0) -> list[Episode]:
+                       shard: RolloutShard | None = None, planner_first: int = 0,
+                       first_kind: str = "planner", root_floor: float = 0.0) -> list[Episode]:
   """Runs one episode per query, runner.batch_size at a time; returns them in query order.
 
   Episodes that finish at one lock-step join the history together after it (when it grows), so
@@ -394,6 +407,10 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
     planner_first: the episodes of the first this many queries (iteration-wide indices when
       sharded) take their first step among the planner actions only, where one is valid
       (training's forced-planner episodes; 0: none).
+    first_kind: the role kind those first steps are restricted to ("planner" or "executor").
+    root_floor: e in [0, 1): sampled rollouts draw each first action from (1 - e) x the policy +
+      e x uniform over its valid actions, and record that mixture's log-probability (module
+      docstring); 0 or greedy: the policy alone.
   """
   if online and (history is None or not grow_history):
     raise ValueError("online memory needs a history memory and grow_history=True")
@@ -417,7 +434,7 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
     index = i + (shard.index_offset if shard is not None else 0)
     slots[slot] = (i, Episode(q, env.reset(q), episode_seed(seed_salt, index, q.qid), t_emb, q_emb,
                               np.zeros((0, row_dim), np.float32),
-                              planner_first=index < planner_first))
+                              first_kind=first_kind if index < planner_first else ""))
 
   if shard is None:
     n_slots = runner.batch_size
@@ -449,8 +466,13 @@ async def run_episodes(env: env_lib.WorkflowEnv, featurizer: features_lib.Featur
     batch = features_lib.stack([obs[0]] * offset + obs, pad_to=runner.batch_size)
     actions, logp, values, probs = runner.act_with_probs(batch, jax.random.fold_in(key, step),
                                                          greedy)
-    actions, logp, values, probs = (actions[offset:], logp[offset:], values[offset:],
-                                    probs[offset:])
+    actions, logp, values, probs = (np.array(actions[offset:]), np.array(logp[offset:]),
+                                    values[offset:], probs[offset:])
+    if root_floor > 0 and not greedy:   # the behaviour mixture at each episode's first decision
+      for j, (_, (_, ep)) in enumerate(live):
+        if ep.state.steps == 0:
+          actions[j], logp[j] = root_credit.floor_root(probs[j], obs[j]["mask"], int(actions[j]),
+                                                       root_floor, ep.seed)
     for j, (_, (_, ep)) in enumerate(live):   # before the steps change the states
       _record_decision(ep, probs[j], obs[j]["mask"], env.space)
     step += 1

@@ -45,6 +45,8 @@ FIELDS: dict[str, object] = {
     "train.padding": "fixed",
     "train.background_checkpoints": False,
     "train.force_planner_episodes": 0,
+    "train.root_floor": 0.0,
+    "train.root_rollout": 0,
     "train.phase1_episodes": 0,
     "train.phase1_depth": 1,
     "train.phase1_width": 3,

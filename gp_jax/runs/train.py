@@ -189,6 +189,9 @@ def validate(config) -> None:
             (t.checkpoint_every >= 1, "train.checkpoint_every >= 1"),
             (isinstance(t.force_planner_episodes, int) and t.force_planner_episodes >= 0,
              "an integer train.force_planner_episodes >= 0"),
+            (0 <= t.root_floor < 1, "0 <= train.root_floor < 1"),
+            (isinstance(t.root_rollout, int) and 0 <= t.root_rollout <= t.episodes_per_iter,
+             "an integer 0 <= train.root_rollout <= train.episodes_per_iter"),
             (isinstance(p.entropy_stop_min_episodes, int) and p.entropy_stop_min_episodes >= 0,
              "an integer ppo.entropy_stop_min_episodes >= 0"),
             (isinstance(t.phase1_episodes, int) and t.phase1_episodes >= 0,
@@ -217,6 +220,7 @@ def loop_settings(config, max_calls: int) -> rl_loop.LoopSettings:
       background_checkpoints=bool(t.background_checkpoints),
       predictor=bool(config.model.memory_predictor),
       force_planner_episodes=int(t.force_planner_episodes),
+      root_floor=float(t.root_floor), root_rollout=int(t.root_rollout),
       entropy_stop_min_episodes=int(config.ppo.entropy_stop_min_episodes))
 
 

@@ -36,6 +36,8 @@ SWITCHED_OFF_WHEN = {
     "eval.online_recent_rows": lambda flat: not flat.get("eval.online_recent_rows", 0),
     "train.padding": lambda flat: flat.get("train.padding", "fixed") == "fixed",
     "train.force_planner_episodes": lambda flat: not flat.get("train.force_planner_episodes", 0),
+    "train.root_floor": lambda flat: not flat.get("train.root_floor", 0),
+    "train.root_rollout": lambda flat: not flat.get("train.root_rollout", 0),
     "train.phase1_episodes": lambda flat: not flat.get("train.phase1_episodes", 0),
     "train.phase1_depth": lambda flat: not flat.get("train.phase1_episodes", 0),
     "train.phase1_width": lambda flat: not flat.get("train.phase1_episodes", 0),

@@ -192,8 +192,15 @@ def planner_only(mask: np.ndarray, space: ActionSpace) -> np.ndarray:
   """`mask` restricted to its planner actions, bool [space.size]; `mask` itself when it allows no
   planner (nothing to force there). A forced-planner episode's first decision (training's
   force_planner_episodes) reads this mask, and so does its PPO update."""
-  planners = mask & space.kind_mask(["planner"])
-  return planners if planners.any() else mask
+  return kind_only(mask, space, "planner")
+
+
+def kind_only(mask: np.ndarray, space: ActionSpace, kind: str) -> np.ndarray:
+  """`mask` restricted to the actions of role kind `kind`, bool [space.size]; `mask` itself when
+  it allows none of them (planner_only; the root-credit continuations of gp_jax/rl/root_credit.py
+  restrict the root to the planners or to the executors)."""
+  kept = mask & space.kind_mask([kind])
+  return kept if kept.any() else mask
 
 
 def split_plan(text: str, max_width: int) -> list[str]:

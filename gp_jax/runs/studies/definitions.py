@@ -135,6 +135,10 @@ LEARNER_OPTIONS = {
     "stop_min": {"ppo.entropy_stop": 0.05, "ppo.entropy_stop_min_episodes": 3000},
     "forced": {"train.force_planner_episodes": 600},
     "phase1": {"train.phase1_episodes": 1000},
+    # Root credit (docs/lab/2026-12-07-v2-root-credit-plan.md): each with gamma = 1.
+    "root_floor": {"ppo.gamma": 1.0, "train.root_floor": 0.2},
+    "root_rollout": {"ppo.gamma": 1.0, "train.root_rollout": 16},
+    "root_both": {"ppo.gamma": 1.0, "train.root_floor": 0.2, "train.root_rollout": 16},
 }
 
 
