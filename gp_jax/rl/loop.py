@@ -429,7 +429,7 @@ def _root_rollout(loop: _Loop, it: int, episodes: list[rollout.Episode]) -> tupl
   s = loop.settings
   first = episodes[:s.root_rollout]
   r_direct, r_split = aio.run(root_credit.paired_returns(
-      loop.env, loop.featurizer, loop.runner, [e.query for e in first],
+      rollout.run_episodes, loop.env, loop.featurizer, loop.runner, [e.query for e in first],
       key=jax.random.PRNGKey(s.seed), history=loop.history if _grows(s) else None,
       seed_salt=(s.seed, it, "root_rollout")))
   root = root_credit.root_overrides([e.actions[0] for e in first], [e.obs[0]["mask"] for e in first],

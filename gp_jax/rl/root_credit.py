@@ -58,18 +58,18 @@ def behaviour_probs(probs: np.ndarray, mask: np.ndarray, floor: float) -> np.nda
   return (1 - floor) * p + floor * mask / mask.sum()
 
 
-async def paired_returns(env, featurizer, runner, queries, *, key, history,
+async def paired_returns(run_episodes, env, featurizer, runner, queries, *, key, history,
                          seed_salt) -> tuple[np.ndarray, np.ndarray]:
   """(R_direct [k], R_split [k]): the returns of the current policy's greedy episodes on
   `queries`, the root restricted to the executors, then to the planners; the same sampling seeds
   (seed_salt and each query's index) in both, so only the root's action differs. `history` is
-  read, never grown."""
-  from gp_jax.rl import rollout   # rollout imports this module for floor_root
+  read, never grown. run_episodes: gp_jax.rl.rollout.run_episodes (passed in: rollout imports
+  this module for floor_root)."""
 
   def run(kind):
-    return rollout.run_episodes(env, featurizer, runner, queries, key=key, greedy=True,
-                                history=history, grow_history=False, seed_salt=seed_salt,
-                                planner_first=len(queries), first_kind=kind)
+    return run_episodes(env, featurizer, runner, queries, key=key, greedy=True,
+                        history=history, grow_history=False, seed_salt=seed_salt,
+                        planner_first=len(queries), first_kind=kind)
   direct = await run("executor")
   split = await run("planner")
   return (np.array([e.episode_return for e in direct]),

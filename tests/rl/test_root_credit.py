@@ -97,19 +97,14 @@ def test_greedy_rollouts_ignore_the_floor(setup):
 def test_paired_continuations_differ_only_in_the_root_action(setup):
   s = setup
   seen = []
-  real = rollout.run_episodes
 
   async def recording(*args, **kwargs):
-    eps = await real(*args, **kwargs)
+    eps = await rollout.run_episodes(*args, **kwargs)
     seen.append(eps)
     return eps
-  rollout.run_episodes = recording
-  try:
-    r_direct, r_split = asyncio.run(root_credit.paired_returns(
-        s["env"], s["feat"], s["runner"], s["queries"][:6], key=jax.random.PRNGKey(0),
-        history=None, seed_salt=("pair", 1)))
-  finally:
-    rollout.run_episodes = real
+  r_direct, r_split = asyncio.run(root_credit.paired_returns(
+      recording, s["env"], s["feat"], s["runner"], s["queries"][:6], key=jax.random.PRNGKey(0),
+      history=None, seed_salt=("pair", 1)))
   direct, split = seen
   for d, p, rd, rs in zip(direct, split, r_direct, r_split):
     assert d.query.qid == p.query.qid and d.seed == p.seed
@@ -118,7 +113,7 @@ def test_paired_continuations_differ_only_in_the_root_action(setup):
     assert rd == pytest.approx(d.episode_return) and rs == pytest.approx(p.episode_return)
   # greedy continuations: the same pair again gives the same returns
   again = asyncio.run(root_credit.paired_returns(
-      s["env"], s["feat"], s["runner"], s["queries"][:6], key=jax.random.PRNGKey(9),
+      rollout.run_episodes, s["env"], s["feat"], s["runner"], s["queries"][:6], key=jax.random.PRNGKey(9),
       history=None, seed_salt=("pair", 1)))
   np.testing.assert_allclose(again[0], r_direct)
   np.testing.assert_allclose(again[1], r_split)
