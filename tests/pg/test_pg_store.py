@@ -19,6 +19,7 @@ import pytest
 from gp_jax import errors
 from gp_jax import paths
 from gp_jax.serving.state import postgres
+from gp_jax.serving.state import postgres_conn
 from gp_jax.serving.state import store_api
 
 pytestmark = pytest.mark.pg
@@ -297,8 +298,10 @@ def test_kill_9_after_acknowledged_writes_loses_nothing(pg_url, namespace):
 
 def test_lost_connection_reconnects_and_stores_once(pg_url, namespace):
   """The server ends the store's connection (a restart, a failover): an idle one is replaced on
-  the next call; one lost mid-write is resolved by the write's token (stored once, not twice)."""
-  with _store(pg_url, namespace) as s:
+  the next call; one lost mid-write is resolved by the write's token (stored once, not twice).
+  The write holds its transaction open for 1 s, so its idle limit is raised above that."""
+  limits = postgres_conn.SessionLimits(idle_in_transaction_s=5.0)
+  with _store(pg_url, namespace, limits=limits) as s:
     assert s.add_feedback(_fb("before")).seq == 1
 
     def kill_backends():

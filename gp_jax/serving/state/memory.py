@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import logging
 from typing import Callable
 
 import numpy as np
@@ -29,6 +30,8 @@ import numpy as np
 from gp_jax import errors
 from gp_jax.graph import history as history_lib
 from gp_jax.serving.state import store_api
+
+_log = logging.getLogger(__name__)
 
 FEEDBACK_IDS_KEPT = 200_000   # ids whose feedback is in the memory, to refuse a second one
 RESULTS_KEPT = 4096           # recent apply results, for the acknowledgement of their feedback
@@ -71,11 +74,13 @@ class ServedMemory:
     self.on_evict: Callable[[], None] | None = None
     self._evicted_since_sync = 0
     self._results: collections.OrderedDict[str, dict] = collections.OrderedDict()
+    self._store_events = getattr(store, "epoch_events", 0)   # the store's epoch events seen
 
   # ---- set-up ----------------------------------------------------------------------------------
   def restore(self, restored: store_api.Restored | None) -> None:
     """The stored memory (base, then its feedback in order); None keeps the checkpoint's history
     (the caller then writes it as the store's first base)."""
+    self._store_events = getattr(self.store, "epoch_events", 0)
     if restored is None:
       return
     self.history.load_state_dict({"rows": restored.rows, "hubs": restored.hubs})
@@ -89,6 +94,40 @@ class ServedMemory:
     self._evict(np.zeros(len(self.history), bool))   # a smaller capacity than before
     self.rows_since_base = sum(len(fb.rows) for fb in restored.feedback)
     self.restored = True
+
+  def reload(self, restored: store_api.Restored | None) -> None:
+    """The store's memory in place of this one (ids, rows, owners, seq), the decisions' sums
+    recomputed once; None (the store holds no base) keeps this one."""
+    self._store_events = getattr(self.store, "epoch_events", 0)
+    if restored is None:
+      return
+    runner, self.runner = self.runner, None   # no incremental sums while the rows are replaced
+    self.feedback_ids.clear()
+    try:
+      self.restore(restored)
+    finally:
+      self.runner = runner
+    _log.warning("served memory reloaded from the store after its numbering went backwards: "
+                 "%d rows, last seq %d", len(self.history), self.last_seq)
+    self._recompute()
+
+  def set_rows(self, rows: np.ndarray, hubs: np.ndarray, header: dict) -> None:
+    """Serves the rows of a memory snapshot (a rollback: a version's memory as it was when it
+    began to serve; `header` as `snapshot` wrote it). The feedback ids, the seq and the counts
+    stay: feedback already given stays given, and the store's later feedback applies on top.
+    The decisions' sums are recomputed over the new rows."""
+    self.history.load_state_dict({"rows": rows, "hubs": hubs})
+    self.owners = _owners_from_header(header.get("row_keys"), len(self.history), self._index_of)
+    self._evict(np.zeros(len(self.history), bool))   # a smaller capacity than the snapshot's
+    self._recompute()
+
+  def _recompute(self) -> None:
+    """The decisions' sums over the rows now (the rows were replaced, not added)."""
+    if self.runner is not None and self.reads_memory:
+      self.runner.set_params(self.params, self.history)
+      self._evicted_since_sync = 0
+    if self.on_evict is not None:
+      self.on_evict()
 
   def attach(self, runner, params, on_evict: Callable[[], None] | None = None) -> None:
     """The batched policy whose per-hub sums follow the memory from now on (set_params has
@@ -190,9 +229,15 @@ class ServedMemory:
 
   async def sync(self) -> int:
     """Applies the store's feedback after `last_seq` (this server's and, on a shared store, other
-    replicas'), in seq order; returns how many were new here."""
-    fbs = await asyncio.get_running_loop().run_in_executor(
-        self.executor, self.store.feedback_after, self.last_seq)
+    replicas'), in seq order; returns how many were new here. After an epoch event of the store
+    (its numbering went backwards: postgres_timeline.py) the memory is reloaded from it instead,
+    so it holds what the database holds (feedback a promoted standby lost leaves it too)."""
+    loop = asyncio.get_running_loop()
+    fbs = await loop.run_in_executor(self.executor, self.store.feedback_after, self.last_seq)
+    if getattr(self.store, "epoch_events", 0) != self._store_events:
+      restored = await loop.run_in_executor(self.executor, self.store.load)
+      self.reload(restored)
+      return len(fbs)
     n = 0
     for fb in fbs:   # no await in this loop: a concurrent sync sees last_seq move past these
       if fb.seq > self.last_seq:

@@ -7,16 +7,18 @@ The tables (one database holds any number of namespaces) and their creation are 
 postgres_schema.py.
 
 Sequence numbers: a write takes the next seq by updating its namespace's counter row in the same
-transaction as the insert. The row lock is held to commit, so the writes of one kind commit one
-after another in seq order, and a seq is never skipped (an aborted write, a duplicate say, rolls
-its counter update back too). A follower that has seen seq N and later reads `seq > N` therefore
-never misses a row: every row with a smaller seq was committed before. (A BIGSERIAL would hand out
-seqs at insert and could commit 8 before 7; a follower reading between them would skip 7.)
+transaction as the insert, the row lock held to commit, so writes of one kind commit in seq order
+and no seq is skipped (an aborted write rolls its counter update back too): a follower that has
+seen N and reads `seq > N` misses no row. (A BIGSERIAL could commit 8 before 7.) Every sync also
+checks the numbering's epoch (postgres_timeline.py): a counter that went back below what this
+replica has seen (a failover to a standby that was behind) starts a new epoch whose numbers are
+above every older one; `epoch_events` counts them, and the served memory then reloads.
+Every connection runs under limits (postgres_conn.SessionLimits) that end a stalled replica's
+transaction, and with it its hold on the counter row, after 0.5 s.
 
-Durability: every write is one transaction committed with synchronous_commit=on, so a method
-returns only after the server has flushed it to its write-ahead log. When the connection fails
-while a write is under way, the store reconnects and looks the write up by a token it carried:
-written -> the call succeeds; not written -> one retry, then StorageError with nothing stored.
+Durability: every write is one transaction committed with synchronous_commit=on (flushed to the
+write-ahead log before a method returns). A connection lost during a write: the store reconnects
+and looks the write up by its token; not written -> one retry, then StorageError, nothing stored.
 
 Compaction: `write_base(seq)` replaces the base only with a newer one (replicas compact on their
 own, and one that is behind cannot put an older base back). It drops the row data of feedback the
@@ -29,11 +31,10 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 import re
-import threading
 import time
-import urllib.parse
 import uuid
 
 import numpy as np
@@ -41,54 +42,15 @@ import psycopg
 from psycopg import errors as pg_errors
 
 from gp_jax import errors
+from gp_jax.serving.state import postgres_conn
 from gp_jax.serving.state import postgres_schema
+from gp_jax.serving.state import postgres_timeline as timeline
 from gp_jax.serving.state import store_api
 
+_log = logging.getLogger(__name__)
+_reason = postgres_conn.reason
+
 _NAMESPACE = re.compile(r"^[A-Za-z0-9_.:-]{1,200}$")
-
-
-@dataclasses.dataclass(frozen=True)
-class _Where:
-  """The server as messages name it: host:port/dbname (never the password)."""
-  host: str
-  port: str
-  dbname: str
-
-  def __str__(self) -> str:
-    return f"PostgreSQL at {self.host}:{self.port}/{self.dbname}"
-
-
-def _parse_url(url: str) -> tuple[_Where, str]:
-  """(where, password) of a postgresql:// URL; ConfigError when it is not one."""
-  if not isinstance(url, str) or not re.match(r"^postgres(ql)?://", url):
-    raise errors.ConfigError("--memory_url must be a postgresql://USER:PASSWORD@HOST:PORT/DB URL, "
-                             f"got {_redact_url(str(url))!r}")
-  try:
-    info = psycopg.conninfo.conninfo_to_dict(url)
-  except psycopg.ProgrammingError:
-    raise errors.ConfigError(f"--memory_url {_redact_url(url)!r} is not a valid PostgreSQL URL") \
-        from None
-  host = info.get("host") or "localhost"
-  if str(host).startswith("/"):
-    raise errors.ConfigError("--memory_url must name a TCP host (HOST:PORT), not a Unix socket")
-  port = str(info.get("port") or 5432)
-  if not port.isdigit() or not 0 < int(port) < 65536:
-    raise errors.ConfigError(f"--memory_url {_redact_url(url)!r}: port {port!r} is not a number "
-                             "in 1..65535")
-  return (_Where(str(host), port, str(info.get("dbname") or
-                                                               info.get("user") or "")),
-          str(info.get("password") or ""))
-
-
-def _redact_url(url: str) -> str:
-  try:
-    parts = urllib.parse.urlsplit(url)
-    if parts.password:
-      netloc = parts.netloc.replace(":" + parts.password + "@", ":***@", 1)
-      return urllib.parse.urlunsplit(parts._replace(netloc=netloc))
-  except ValueError:
-    return "<unparsable URL>"
-  return url
 
 
 def _encode(rows: np.ndarray, hubs: np.ndarray) -> tuple[bytes, bytes]:
@@ -108,6 +70,7 @@ class PostgresStore:
     statement_timeout_s: the longest one statement (a lock wait included) may run.
     keep_folded_rows_s: how long the rows of feedback that a base holds stay readable by
       `feedback_after` (followers behind the base).
+    limits: every connection's limits (postgres_conn.SessionLimits; replaces the two above).
   Raises:
     ConfigError: a malformed URL or namespace.
     StorageError: the server cannot be reached or refuses the login (named host:port/db).
@@ -119,19 +82,22 @@ class PostgresStore:
 
   def __init__(self, url: str, *, row_dim: int, num_hubs: int, namespace: str,
                connect_timeout_s: float = 10.0, statement_timeout_s: float = 60.0,
-               keep_folded_rows_s: float = 3600.0):
-    self.where, self._password = _parse_url(url)
+               keep_folded_rows_s: float = 3600.0,
+               limits: postgres_conn.SessionLimits | None = None):
+    self.where, self._password = postgres_conn.parse_url(url)
     if not isinstance(namespace, str) or not _NAMESPACE.match(namespace):
       raise errors.ConfigError(f"--memory_namespace must be 1-200 characters of letters, digits "
                                f"and _.:-, got {namespace!r}")
     self.url, self.namespace = url, namespace
     self.row_dim, self.num_hubs = int(row_dim), int(num_hubs)
-    self.connect_timeout_s, self.statement_timeout_s = connect_timeout_s, statement_timeout_s
+    self.limits = limits or postgres_conn.SessionLimits(connect_timeout_s=connect_timeout_s,
+                                                        statement_timeout_s=statement_timeout_s)
     self.keep_folded_rows_s = float(keep_folded_rows_s)
     # Two connections, one transaction at a time on each: small reads and writes, and the bulk
     # ones (a base of up to ~100 MB), which would otherwise hold up every feedback meanwhile.
-    self._small, self._bulk = _Line(), _Line()
+    self._small, self._bulk = postgres_conn.Line(), postgres_conn.Line()
     self._hold_before_commit_s = 0.0   # tests: widens the window between seq and commit
+    self._timeline = timeline.Timeline()   # guarded by self._small.lock
     with self._small.lock:
       self._connect(self._small)
     self._run("create the schema", postgres_schema.create_schema, self.where)
@@ -144,30 +110,15 @@ class PostgresStore:
       text = text.replace(self._password, "***")
     return text
 
-  def _connect(self, line: "_Line") -> psycopg.Connection:
+  def _connect(self, line: postgres_conn.Line) -> psycopg.Connection:
     if line.conn is not None and not line.conn.closed and not line.conn.broken:
       return line.conn
     self._drop(line)
-    t0 = time.monotonic()
-    try:
-      conn = psycopg.connect(self.url, autocommit=True,
-                             connect_timeout=max(2, math.ceil(self.connect_timeout_s)),
-                             application_name="gp_jax serve_router")
-    except psycopg.Error as e:
-      raise errors.StorageError(
-          f"{self.where} cannot be reached after {time.monotonic() - t0:.1f} s: "
-          f"{self._clean(_reason(e))}") from None
-    try:
-      conn.execute("SET synchronous_commit TO on")
-      conn.execute(f"SET statement_timeout TO {int(self.statement_timeout_s * 1000)}")
-    except psycopg.Error as e:
-      conn.close()
-      raise errors.StorageError(f"{self.where}: {self._clean(_reason(e))}") from None
-    line.conn = conn
-    return conn
+    line.conn = postgres_conn.connect(self.url, self.where, self.limits, self._clean)
+    return line.conn
 
   @staticmethod
-  def _drop(line: "_Line") -> None:
+  def _drop(line: postgres_conn.Line) -> None:
     if line.conn is not None:
       try:
         line.conn.close()
@@ -185,8 +136,8 @@ class PostgresStore:
         try:
           with conn.transaction():
             return fn(conn, *args)
-        except psycopg.OperationalError as e:
-          if conn.broken or conn.closed:
+        except postgres_conn.LOST as e:
+          if postgres_conn.is_lost(conn, e):
             self._drop(line)
             if attempt == 0:
               continue
@@ -214,8 +165,8 @@ class PostgresStore:
               time.sleep(self._hold_before_commit_s)
             committing = True
           return out
-        except psycopg.OperationalError as e:
-          lost = conn.broken or conn.closed
+        except postgres_conn.LOST as e:
+          lost = postgres_conn.is_lost(conn, e)
           if lost:
             self._drop(line)
           if lost and committing:   # the server may have committed before the connection went
@@ -248,13 +199,49 @@ class PostgresStore:
           f"width {row_dim} and {num_hubs} (role, LLM) hubs; this router has row width "
           f"{self.row_dim} and {self.num_hubs} hubs (use another --memory_namespace)")
     conn.execute("INSERT INTO gp_jax_counter (namespace, kind) VALUES (%s, 'feedback'), "
-                 "(%s, 'route') ON CONFLICT DO NOTHING", (self.namespace, self.namespace))
+                 "(%s, 'route'), (%s, 'epoch') ON CONFLICT DO NOTHING", (self.namespace,) * 3)
+    self._timeline.epoch = timeline.counters(conn, self.namespace).get("epoch", 0)
 
   def _next_seq(self, conn, kind: str) -> int:
     # The row lock on the counter is held until commit: writes of one kind commit in seq order.
     (seq,) = conn.execute("UPDATE gp_jax_counter SET value = value + 1 WHERE namespace = %s "
                           "AND kind = %s RETURNING value", (self.namespace, kind)).fetchone()
+    if seq <= self._timeline.seen[kind]:   # a number this replica has passed (rolled back)
+      raise timeline.Regressed()
     return int(seq)
+
+  def _insert(self, conn, sql: str, args: tuple) -> None:
+    """An insert that takes a new seq: a row already holding it means the counter went back."""
+    try:
+      conn.execute(sql, args)
+    except pg_errors.UniqueViolation as e:
+      name = getattr(e.diag, "constraint_name", None)
+      if name == "gp_jax_feedback_once":
+        raise _Duplicate() from None
+      if name in ("gp_jax_feedback_pkey", "gp_jax_route_pkey"):
+        raise timeline.Regressed() from None
+      raise
+
+  def _written(self, what: str, table: str, fn, *args) -> int:
+    """_write, once more after an epoch advance when the write found the counter behind."""
+    try:
+      return int(self._write(what, table, fn, *args))
+    except timeline.Regressed:
+      with self._small.lock:
+        event = self._run("check the counters", timeline.check, self.namespace, self._timeline)
+        self._advance(event or ("a new seq is one this replica has seen", True), 0)
+      try:
+        return int(self._write(what, table, fn, *args))
+      except timeline.Regressed:
+        raise errors.StorageError(f"{self.where}: could not {what}: the counter is still behind "
+                                  "after a new epoch; nothing was stored") from None
+
+  def _advance(self, event: tuple[str, bool], after: int) -> None:
+    """An epoch event in its own transaction, then the Timeline moves on (postgres_timeline)."""
+    adv = self._run("handle a counter that went backwards", timeline.advance, self.namespace,
+                    self._timeline, *event, after, _FEEDBACK_SELECT)
+    timeline.adopt(self._timeline, adv)
+    _log.warning("%s", timeline.message(self.where, self.namespace, adv))
 
   # ---- decoding --------------------------------------------------------------------------------------
   def _decode(self, nrows: int, rows: bytes, hubs: bytes, where: str):
@@ -282,16 +269,24 @@ class PostgresStore:
   def load(self) -> store_api.Restored | None:
     def read(conn):
       conn.execute("SET TRANSACTION ISOLATION LEVEL REPEATABLE READ READ ONLY")
+      postgres_conn.allow_bulk_idle(conn, self.limits)
+      epoch = timeline.counters(conn, self.namespace).get("epoch", 0)
       with conn.cursor(binary=True) as cur:
         base = cur.execute("SELECT seq, nrows, rows, hubs, header FROM gp_jax_base "
                            "WHERE namespace = %s", (self.namespace,)).fetchone()
         if base is None:
-          return None
+          return epoch, None
         seq, nrows, rows, hubs, header = base
         fbs = cur.execute(_FEEDBACK_SELECT + " AND seq > %s ORDER BY seq",
                           (self.namespace, seq)).fetchall()
-      return seq, nrows, bytes(rows), bytes(hubs), header, fbs
-    got = self._run("load the memory", read, bulk=True)
+      return epoch, (seq, nrows, bytes(rows), bytes(hubs), header, fbs)
+    epoch, got = self._run("load the memory", read, bulk=True)
+    with self._small.lock:   # a fresh start of the numbering this replica has seen
+      self._timeline = timeline.Timeline(epoch=epoch)
+      if got is not None:
+        self._timeline.saw("feedback", int(got[0]))
+        for f in got[5]:
+          self._timeline.saw("feedback", int(f[0]), f[1])
     if got is None:
       return None
     seq, nrows, rows, hubs, header, fbs = got
@@ -314,10 +309,13 @@ class PostgresStore:
     rb, hb = _encode(rows, hubs)
 
     def write(conn):
+      postgres_conn.allow_bulk_idle(conn, self.limits)
       old = conn.execute("SELECT seq FROM gp_jax_base WHERE namespace = %s FOR UPDATE",
                          (self.namespace,)).fetchone()
       if old is not None and int(old[0]) >= int(seq):
         return   # another replica already wrote this base or a newer one
+      if int(seq) > timeline.counters(conn, self.namespace).get("feedback", 0):
+        return   # the counter went back below this memory: the next sync's epoch event first
       conn.execute("INSERT INTO gp_jax_base (namespace, seq, nrows, rows, hubs, header) "
                    "VALUES (%s, %s, %s, %s, %s, %s) ON CONFLICT (namespace) DO UPDATE SET "
                    "seq = EXCLUDED.seq, nrows = EXCLUDED.nrows, rows = EXCLUDED.rows, "
@@ -340,28 +338,44 @@ class PostgresStore:
 
     def write(conn, token):
       seq = self._next_seq(conn, "feedback")
-      try:
-        conn.execute("INSERT INTO gp_jax_feedback (namespace, seq, rid, key, score, nrows, rows, "
-                     "hubs, token) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
-                     (self.namespace, seq, fb.rid, fb.key, float(fb.score), len(rows), rb, hb,
-                      token))
-      except pg_errors.UniqueViolation as e:
-        if getattr(e.diag, "constraint_name", None) == "gp_jax_feedback_once":
-          raise _Duplicate() from None
-        raise
+      self._insert(conn, "INSERT INTO gp_jax_feedback (namespace, seq, rid, key, score, nrows, "
+                   "rows, hubs, token) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                   (self.namespace, seq, fb.rid, fb.key, float(fb.score), len(rows), rb, hb,
+                    token))
       return seq
     try:
-      seq = self._write(f"store the feedback for {fb.rid!r}", "gp_jax_feedback", write)
+      seq = self._written(f"store the feedback for {fb.rid!r}", "gp_jax_feedback", write)
     except _Duplicate:
       raise store_api.DuplicateFeedback(f"completion {fb.rid!r} already has feedback") from None
+    with self._small.lock:
+      self._timeline.saw("feedback", seq, fb.rid)
     return dataclasses.replace(fb, seq=int(seq), rows=rows, hubs=hubs)
 
   def feedback_after(self, seq: int) -> list[store_api.Feedback]:
-    def read(conn):
-      with conn.cursor(binary=True) as cur:
-        return cur.execute(_FEEDBACK_SELECT + " AND seq > %s ORDER BY seq",
-                           (self.namespace, int(seq))).fetchall()
-    return [self._feedback(f) for f in self._run("read new feedback", read)]
+    """Also the epoch check (postgres_timeline): after an event, a caller behind the event's
+    cut gets the feedback the database holds after its base, numbered up to the cut."""
+    seq = int(seq)
+    with self._small.lock:
+      tl = self._timeline
+      event = self._run("check the feedback counter", timeline.check, self.namespace, tl)
+      if event is not None:
+        self._advance(event, seq)
+
+      def read(conn):
+        with conn.cursor(binary=True) as cur:
+          return cur.execute(_FEEDBACK_SELECT + " AND seq > %s ORDER BY seq",
+                             (self.namespace, max(seq, tl.cut))).fetchall()
+      rows = self._run("read new feedback", read)
+      out = []
+      if seq < tl.cut:
+        out = [dataclasses.replace(self._feedback(r), seq=s) for s, r in tl.replay if s > seq]
+      else:
+        tl.replay = []   # the caller is past the cut
+      out += [self._feedback(f) for f in rows]
+      for f in rows:
+        tl.saw("feedback", int(f[0]), f[1])
+      tl.saw("feedback", seq)
+    return out
 
   def has_feedback(self, rid: str) -> bool:
     return self._run("look up feedback", lambda conn: conn.execute(
@@ -374,10 +388,13 @@ class PostgresStore:
 
     def write(conn, token):
       seq = self._next_seq(conn, "route")
-      conn.execute("INSERT INTO gp_jax_route (namespace, seq, rid, record, token) "
+      self._insert(conn, "INSERT INTO gp_jax_route (namespace, seq, rid, record, token) "
                    "VALUES (%s, %s, %s, %s, %s)", (self.namespace, seq, rid, text, token))
       return seq
-    return int(self._write(f"store the route record of {rid!r}", "gp_jax_route", write))
+    seq = self._written(f"store the route record of {rid!r}", "gp_jax_route", write)
+    with self._small.lock:
+      self._timeline.saw("route", seq)
+    return seq
 
   def append_routes(self, records: list[dict]) -> list[int]:
     return [self.append_route(r) for r in records]   # one transaction each, as append_route
@@ -402,6 +419,9 @@ class PostgresStore:
         (self.namespace, self.namespace, int(seq), max(0, int(limit)))).fetchall())
     return [self._route_record(r) for r in rows]
 
+  epoch_events = property(lambda self: self._timeline.events,
+                          doc="Epoch events handled since the last `load` (ServedMemory reloads).")
+
   def close(self) -> None:
     for line in (self._small, self._bulk):
       with line.lock:
@@ -420,14 +440,6 @@ _ROUTE_SELECT = ("SELECT r.seq, r.record, f.score FROM gp_jax_route r LEFT JOIN 
                  "ON f.namespace = %s AND f.rid = r.rid WHERE r.namespace = %s")
 
 
-class _Line:
-  """One connection and the lock that keeps it to one transaction at a time."""
-
-  def __init__(self):
-    self.lock = threading.RLock()
-    self.conn: psycopg.Connection | None = None
-
-
 class _Duplicate(Exception):
   """Internal: the feedback insert hit the one-feedback-per-completion constraint."""
 
@@ -435,9 +447,3 @@ class _Duplicate(Exception):
 def _seq_of_token(conn, table: str, token) -> int | None:
   row = conn.execute(f"SELECT seq FROM {table} WHERE token = %s", (token,)).fetchone()
   return None if row is None else int(row[0])
-
-
-def _reason(e: BaseException) -> str:
-  """The server's or libpq's own words, first line only (no internals, no traceback)."""
-  text = str(e).strip() or type(e).__name__
-  return text.splitlines()[0]
