@@ -498,7 +498,11 @@ def test_rollback_restart_and_kill_during_an_update(workdir, tmp_path):
     router = _idle(srv.url, None)
     assert router["version"] == "v1" and router["counters"]["accepted"] == 1
     assert router["counters"]["rollbacks"] == 4
+    assert router["paused"]["version"] == "v1"   # the last rollback's pause outlives a restart
     assert routes(srv.url)[0] == at_v1
+    status, body = _http(srv.url, "/v1/router/resume", body={})
+    assert status == 200 and body["resumed"] and body["version"] == "v1", body
+    assert _http(srv.url, "/health")[1]["router"]["paused"] is None
     # kill -9 while the next update runs (its first run in this process compiles: seconds).
     _feedback(srv.url, None, _ask(srv.url, "unused", _queries(4, "second")), favour)
     status, h = _http(srv.url, "/health")
@@ -522,12 +526,13 @@ def test_rollback_restart_and_kill_during_an_update(workdir, tmp_path):
     assert not (state / versions_lib.FOLDER / "v2").exists()
     router = _idle(srv.url, None)
     assert router["version"] == "v1" and router["versions"] == 2
-    # The memory now also holds the second batch's feedback (acknowledged before the kill), so
-    # the decisions are compared with v1's own under this memory: v1 reloaded from its checkpoint.
-    served = routes(srv.url)[0]
+    # The memory now also holds the second batch's feedback (acknowledged before the kill); a
+    # rollback to v0 and back to v1 serves v1 with the memory it began to serve with, so its
+    # decisions are those first recorded for it.
     assert _http(srv.url, "/v1/router/rollback", body={"version": "v0"})[0] == 200
     assert _http(srv.url, "/v1/router/rollback", body={"version": "v1"})[0] == 200
-    assert routes(srv.url)[0] == served
+    assert routes(srv.url)[0] == at_v1
+    assert _http(srv.url, "/v1/router/resume", body={})[0] == 200
     _feedback(srv.url, None, _ask(srv.url, "unused", _queries(4, "third")), favour)
     router = _idle(srv.url, None)
     assert router["version"] == "v1" and router["counters"]["rejected_kl"] == 1, router

@@ -198,6 +198,17 @@ class ServedRecords:
         self._compacting is None or self._compacting.done()):
       self._compacting = asyncio.get_running_loop().create_task(self.compact())
 
+  async def rebase(self) -> None:
+    """Writes the memory now as the store's new base, after any compaction under way and never
+    beside one (a rollback's restored memory); raises OSError, unlike `compact`."""
+    if self._compacting is not None and not self._compacting.done():
+      await self._compacting
+    folded = self.memory.rows_since_base
+    self._compacting = asyncio.get_running_loop().create_task(
+        self._stored(self.store.write_base, *self._snapshot()))
+    await self._compacting
+    self.memory.rows_since_base = max(0, self.memory.rows_since_base - folded)
+
   async def compact(self) -> None:
     """Writes the memory as the store's new base (arrays are replaced, never changed in place,
     so the snapshot is safe to hand to a thread)."""

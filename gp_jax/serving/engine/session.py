@@ -29,10 +29,9 @@ history_capacity, and a key's own oldest rows beyond its share. The memory start
 checkpoint's history (the training episodes) or, when the store holds one, from the store.
 
 Learning (`learn`, serving/learning/learner.py): each routed request keeps its rollout episode
-(what the decisions saw and chose) until its feedback arrives; the learner turns episodes into
-PPO updates checked by a KL limit and a canary, in its own process, and `_swap` installs an
-accepted version's weights on the loop, between batched policy calls. Versions, rollback and
-restart: serving/state/versions.py.
+until its feedback arrives; the learner turns episodes into guarded PPO updates in its own
+process, and `_swap` installs an accepted version's weights on the loop, between batched policy
+calls. Versions: serving/state/versions.py; rollback: serving/learning/rollback.py.
 """
 from __future__ import annotations
 
@@ -59,6 +58,7 @@ from gp_jax.serving.engine import feedback as feedback_lib
 from gp_jax.serving.engine import placement
 from gp_jax.serving.engine import requests as requests_lib
 from gp_jax.serving.learning import learner as learner_lib
+from gp_jax.serving.learning import rollback as rollback_lib
 from gp_jax.serving.state import memory as memory_lib
 from gp_jax.serving.state import store
 from gp_jax.serving.state import versions as versions_lib
@@ -204,16 +204,6 @@ class RouterSession(requests_lib.Requests):
     self.batcher.executor = None if on_loop else self._compute
     self.rows_on_loop = placement.rows_on_loop(str(self.text_encoder))
 
-  def _time_encoding(self) -> float:
-    """The median seconds of encoding two texts the encoder has not seen (its cache misses)."""
-    times = []
-    for i in range(5):
-      texts = [f"warm-up input text {i} " * 40, f"warm-up output text {i} " * 40]
-      t0 = time.perf_counter()
-      self.featurizer.encoder.encode(texts)
-      times.append(time.perf_counter() - t0)
-    return float(np.median(times))
-
   def _warm_up_observation(self) -> tuple[dict, np.ndarray]:
     """The first observation of a made-up request, and its query embedding (compiling)."""
     q = self.make_query("warm-up question", self.default_task)
@@ -239,7 +229,7 @@ class RouterSession(requests_lib.Requests):
         learn, config=config, system=self.system, model=self.model, workdir=self.workdir,
         params=self.params,
         history=lambda: self.history if self.reads_memory else None, versions=store,
-        swap=self._swap)
+        swap=self._swap, memory=self.memory)
     self.router_version = self.learner.version
     if self.learner.version != "v0":   # a restart resumes the serving version
       self._swap(self.learner.params, self.learner.version)
@@ -335,7 +325,8 @@ class RouterSession(requests_lib.Requests):
     if self.learner is not None:
       episode = self._trajectories.pop(rid, None)
       if episode is not None:
-        self.learner.add(rid, key, float(score), episode)
+        self.learner.add(rid, key, float(score), episode,
+                         version=(record or {}).get("router_version"))
       else:   # a pass-through call, or served before a restart or long ago
         self.counters["feedback_not_learned"] += 1
     return dict(id=rid, score=float(score), rows_added=out["rows_added"],
@@ -358,9 +349,11 @@ class RouterSession(requests_lib.Requests):
                 store=getattr(self.store, "kind", type(self.store).__name__))
 
   def health(self) -> dict:
+    """/health's details; "down" when the store cannot keep feedback (FileStore.problem)."""
     a, b = self.admissions, self.batcher
-    return dict(status="ok", model=requests_lib.ROUTER_MODEL, alpha=self.alpha,
-                workdir=str(self.workdir),
+    problem = self.store.problem() if hasattr(self.store, "problem") else None
+    return dict(status="ok" if problem is None else "down", store_problem=problem,
+                model=requests_lib.ROUTER_MODEL, alpha=self.alpha, workdir=str(self.workdir),
                 backbones=list(self.backbones), in_flight=a.in_flight,
                 max_concurrency=a.max_concurrency, waiting=a.waiting,
                 max_queue=a.max_queue, counters=dict(self.counters),
@@ -382,16 +375,34 @@ class RouterSession(requests_lib.Requests):
                 serving=self.learner.version, rejected=list(self.learner.rejections))
 
   async def rollback(self, version: str) -> dict:
-    """Serves accepted version `version` again. Raises a NOT_FOUND Refusal (unknown version, or
-    a server that does not learn)."""
+    """Serves accepted version `version` again with the memory it began to serve with, and
+    pauses learning (learning/rollback.py); requests waiting for feedback are not learned from.
+    Refusals: NOT_FOUND (unknown version, or not learning), CONFLICT (no memory snapshot
+    kept), UNAVAILABLE (a file not written; the rollback may be repeated)."""
     if self.learner is None:
       raise _not_learning()
     try:
-      record = await self.learner.rollback(version)
+      record = await self.learner.rollback(version, rebase=self.records.rebase)
     except KeyError:
       raise errors_lib.Refusal(errors_lib.NOT_FOUND, f"no router version {version!r}",
                                "unknown_version", "version") from None
+    except rollback_lib.MemoryMissing:
+      raise errors_lib.Refusal(errors_lib.CONFLICT, f"router version {version!r} has no memory "
+                               "snapshot kept", "memory_snapshot_missing", "version") from None
+    except OSError as e:
+      raise _unwritten("rollback", e) from None
+    self.counters["trajectories_dropped_rollback"] += len(self._trajectories)
+    self._trajectories.clear()   # decided before the rollback: not learned from
     return dict(record, serving=version)
+
+  async def resume(self) -> dict:
+    """Ends a rollback's pause of learning (NOT_FOUND: not learning; UNAVAILABLE: unwritten)."""
+    if self.learner is None:
+      raise _not_learning()
+    try:
+      return await self.learner.resume()
+    except OSError as e:
+      raise _unwritten("resume", e) from None
 
   async def aclose(self) -> None:
     await self.batcher.aclose()
@@ -409,6 +420,12 @@ class RouterSession(requests_lib.Requests):
 def _not_learning() -> errors_lib.Refusal:
   return errors_lib.Refusal(errors_lib.NOT_FOUND, "this server does not learn (start it with "
                             "--learn)", "learning_disabled")
+
+
+def _unwritten(what: str, e: OSError) -> errors_lib.Refusal:
+  _log.error("%s not completed: %s", what, e)
+  return errors_lib.Refusal(errors_lib.UNAVAILABLE, f"the {what} was not written (retry it)",
+                            "storage_unavailable")
 
 
 def _file_tasks() -> list[str]:

@@ -17,8 +17,11 @@
   GET  /v1/memory            the history memory: rows, capacity, rows per (role, LLM) hub
   GET  /v1/router/versions   a learning server's (--learn) accepted router versions with their
                              provenance, the serving one and recent rejections (admin)
-  POST /v1/router/rollback   {"version": id}: serve that accepted version again (admin)
-  GET  /health               up or down (details for admins)
+  POST /v1/router/rollback   {"version": id}: serve that accepted version again, with the memory
+                             it began to serve with; learning pauses (admin)
+  POST /v1/router/resume     {}: learning starts again after a rollback's pause (admin)
+  GET  /health               up or down (down also when the store cannot keep feedback;
+                             details for admins)
   GET  /metrics              Prometheus text format (metrics.py)
 
 Every request first passes the gate (gate.py): Host header, Content-Type of POST bodies, API key
@@ -202,6 +205,7 @@ def make_app(session: session_lib.RouterSession, *, max_body_bytes: int = 1 << 2
   app.router.add_get("/v1/memory", handlers.memory)
   app.router.add_get("/v1/router/versions", handlers.router_versions)
   app.router.add_post("/v1/router/rollback", handlers.rollback)
+  app.router.add_post("/v1/router/resume", handlers.resume)
   app.router.add_get("/health", handlers.health)
   app.router.add_get("/metrics", handlers.prometheus)
 

@@ -216,6 +216,7 @@ ACCESS = {
     "/v1/memory": ADMIN_ONLY,
     "/v1/router/versions": ADMIN_ONLY,
     "/v1/router/rollback": ADMIN_ONLY,
+    "/v1/router/resume": ADMIN_ONLY,
     "/metrics": ADMIN_ONLY,
 }
 

@@ -124,9 +124,19 @@ async def rollback(request: web.Request) -> web.Response:
   return web.json_response(await request.app[app_keys.SESSION_KEY].rollback(version))
 
 
+async def resume(request: web.Request) -> web.Response:
+  """Ends the pause of learning that a rollback began (the body is {})."""
+  body = await openai_schema.json_body(request)
+  if body:
+    raise http_errors.RequestError(400, "the body must be {}", "invalid_parameter",
+                                   sorted(body)[0])
+  return web.json_response(await request.app[app_keys.SESSION_KEY].resume())
+
+
 async def health(request: web.Request) -> web.Response:
   """Up or down for everyone: 200 {"status": "ok"}, or 503 {"status": "down"} when the session
-  says it cannot serve (a status other than "ok", or no health at all). Only an admin
+  says it cannot serve (a status other than "ok", e.g. a store that cannot keep feedback, or no
+  health at all). Only an admin
   (auth.health_details) reads the details: counters, memory, learner, traffic."""
   try:
     h = request.app[app_keys.SESSION_KEY].health()

@@ -20,7 +20,9 @@ Each app has its own registry (not the library's global one), so two servers in 
     a learning server (--learn, online.py): gp_router_learner_updates_total (PPO updates run),
       gp_router_learner_accepted_total, gp_router_learner_rejected_total{reason} (kl, canary),
       gp_router_learner_shortened_total (accepted with the step shortened to the KL bound),
-      gp_router_learner_pending (episodes with feedback waiting), gp_router_learner_rollbacks_total
+      gp_router_learner_pending (episodes with feedback waiting), gp_router_learner_rollbacks_total,
+      gp_router_learner_paused (1 from a rollback until an admin resumes learning),
+      gp_router_learner_dropped_rollback_total (episodes a rollback dropped)
 
 `endpoint` is the route's path pattern; requests to paths the server does not serve share the
 label "other", so a scan of random paths cannot grow the series without bound.
@@ -110,6 +112,11 @@ class _SessionCollector:
                     lc["rollbacks"])
       yield gauge("gp_router_learner_pending", "Episodes with feedback waiting for an update.",
                   len(learner.pending))
+      yield gauge("gp_router_learner_paused", "1 while learning is paused by a rollback (until "
+                  "POST /v1/router/resume).", learner.paused is not None)
+      yield counter("gp_router_learner_dropped_rollback", "Episodes a rollback dropped: those "
+                    "waiting for an update, and feedback on requests that discarded versions "
+                    "decided.", lc["dropped_rollback"] + lc["not_learned_rollback"])
 
 
 class Metrics:

@@ -30,11 +30,22 @@ Guards, in this order, before a candidate may serve:
                simulator queries, the test split the router never trained on) greedily, scored
                by the simulator's expected utility minus alpha x cost, on the pool the latest
                served query of the update met (online_update.py); a candidate worse than the
-               serving weights by more than `canary_margin` is rejected.
+               serving weights, or than the anchor (the best accepted version so far, scored
+               on the same queries, memory and pool), by more than `canary_margin` is rejected,
+               so small losses cannot add up over versions. The anchor moves to an accepted
+               candidate that scores at least as well as it.
 A rejected candidate is dropped (its episodes with it), logged and counted (/metrics); an
 accepted one becomes a new version (versions.py: an orbax checkpoint with its parent, the
 feedback ids it learned from and both canary scores) and is swapped in on the event loop, where
-no decision is in the middle of being scored (decisions copy their inputs on the loop).
+no decision is in the middle of being scored (decisions copy their inputs on the loop), with a
+snapshot of the memory as the version begins to serve (versions.py).
+
+Rollback (`rollback`): the version's weights and the memory as it was when the version began to
+serve (the rows that entered since, the span's feedback, are set aside in a file, and rolling
+forward serves the later version's own memory again), so the router decides as that version
+did. An update in progress is discarded, the episodes waiting are dropped, feedback on requests
+decided by versions off the target's lineage is not learned from, the anchor returns to the
+target's, and learning pauses until an admin resumes it (`resume`); the pause outlives restarts.
 
 History memory in the update: the served memory changes with every feedback and evicts its
 oldest rows, so a served decision's memory cannot be rebuilt exactly later; the update gives
@@ -61,6 +72,7 @@ from gp_jax.rl import rollout
 from gp_jax.runs import ppo_config
 from gp_jax.serving.learning import consistency
 from gp_jax.serving.learning import process as process_lib
+from gp_jax.serving.learning import rollback as rollback_lib
 from gp_jax.serving.learning import update as update_lib
 from gp_jax.serving.state import versions as versions_lib
 
@@ -152,7 +164,7 @@ def select(pending: list[Pending], every: int, key_cap: int) -> list[int] | None
   return None
 
 
-class OnlineLearner:
+class OnlineLearner(rollback_lib.Rollbacks):
   """The learner of a serving router (module docstring).
 
   Args:
@@ -164,11 +176,13 @@ class OnlineLearner:
     history: () -> the served history memory now (None: the inductive mode).
     versions: the version store (versions.VersionStore).
     swap: swap(params, version) installs weights for the decisions (called on the event loop).
+    memory: the served memory (state/memory.ServedMemory; None: versions keep no memory, and a
+      rollback restores the weights only).
   """
 
   def __init__(self, settings: LearnSettings, *, config, system, model, workdir, params,
                history: Callable, versions: versions_lib.VersionStore,
-               swap: Callable[[object, str], None]):
+               swap: Callable[[object, str], None], memory=None):
     if config.model.history not in LEARNABLE_MODES:
       raise errors.ConfigError(f"--learn updates routers with model.history in "
                                f"{', '.join(LEARNABLE_MODES)}; this one is "
@@ -177,8 +191,14 @@ class OnlineLearner:
       raise errors.ConfigError("--learn needs the simulator backend: its canary scores "
                                "candidates on held-out simulator queries (docs/serving.md)")
     self.settings = s = settings
-    self.history, self.swap = history, swap
+    self.history, self.swap, self.memory = history, swap, memory
     self.versions = versions
+    learner = versions.learner
+    self.paused: dict | None = learner.get("paused")   # a rollback's pause, until resume
+    self.rollbacks: list[dict] = list(learner.get("rollbacks", []))[-20:]
+    self._halt = False                 # a rollback is under way: no update starts or commits
+    self._rolling = asyncio.Lock()     # one rollback at a time
+    self._discarded: set[str] = set()  # versions whose decisions are no longer learned from
     optimizer = ppo_config.make_optimizer(config)
     self._abstract = rl_loop.init_state(model, system.featurizer, optimizer, int(config.seed))
     # The thread that talks to the learner process keeps the default priority: it holds the
@@ -200,11 +220,17 @@ class OnlineLearner:
                                      opt_state=jax.device_get(optimizer.init(params)),
                                      rng=np.asarray(jax.random.PRNGKey(s.seed)),
                                      update_step=np.zeros((), np.int32))
+      self.anchor = "v0"
       versions.add(self.state, dict(version="v0", parent=None, feedback=[], canary=None,
-                                    kl=None, update_step=0), self._learner_state())
+                                    kl=None, update_step=0, anchor="v0"), self._learner_state())
+      if memory is not None:
+        versions.write_memory("v0", memory.snapshot(router_version="v0", saved=time.time()))
     else:   # a restart: the serving version and the learner's state as they were
       self.state = jax.device_get(versions.load(versions.serving, self._abstract))
+      self.anchor = learner.get("anchor") or versions.serving
     self.version = versions.serving
+    self._anchor_params = (None if self.anchor == self.version else
+                           jax.device_get(versions.load(self.anchor, self._abstract).params))
 
   @property
   def params(self):
@@ -212,12 +238,18 @@ class OnlineLearner:
 
   def _learner_state(self) -> dict:
     return dict(counters=dict(self.counters), rejections=self.rejections[-20:],
-                settings=self.settings.to_dict(), consistency=self.consistency.state_dict())
+                settings=self.settings.to_dict(), consistency=self.consistency.state_dict(),
+                paused=self.paused, anchor=self.anchor, rollbacks=self.rollbacks[-20:])
 
   # ---- on the event loop ---------------------------------------------------------------------------
-  def add(self, rid: str, key: str | None, score: float, episode: rollout.Episode) -> None:
+  def add(self, rid: str, key: str | None, score: float, episode: rollout.Episode,
+          version: str | None = None) -> None:
     """A served episode whose feedback `score` arrived: its last reward gains the score; an
-    update starts once `every` episodes can fill one."""
+    update starts once `every` episodes can fill one (not while paused). `version`: the version
+    that decided it (one a rollback discarded: not learned from)."""
+    if version is not None and version in self._discarded:
+      self.counters["not_learned_rollback"] += 1
+      return
     if episode.values:   # the value estimate at the last decision, for the consistency check
       self.consistency.add(key, float(episode.values[-1]), float(score))
     episode.rewards[-1] += float(score)
@@ -244,7 +276,8 @@ class OnlineLearner:
     self.pending = kept
 
   def _maybe_start(self) -> None:
-    if self._closing or (self._task is not None and not self._task.done()):
+    if (self._closing or self._halt or self.paused is not None
+        or (self._task is not None and not self._task.done())):
       return
     if len(self.pending) >= self.settings.every:   # only before an update can be selected
       self._drop_flagged()
@@ -271,27 +304,15 @@ class OnlineLearner:
       self.updating = False
     if outcome is not None and outcome["accepted"]:
       self.state, self.version = outcome["state"], outcome["version"]
+      self.anchor, self._anchor_params = outcome["anchor"]
       self.swap(self.state.params, self.version)
+      await self._keep_memory(self.version)
     self._task = None   # this cycle is over: the next may start (episodes may be waiting)
     self._maybe_start()
 
-  async def rollback(self, version: str) -> dict:
-    """Serves `version` again (after any update in progress). Raises KeyError when unknown."""
-    if self.versions.get(version) is None:
-      raise KeyError(version)
-    if self._task is not None and not self._task.done():
-      await asyncio.shield(self._task)
-    loop = asyncio.get_running_loop()
-    state = await loop.run_in_executor(self._thread, self.versions.load, version, self._abstract)
-    self.counters["rollbacks"] += 1
-    await loop.run_in_executor(self._thread, self.versions.set_serving, version,
-                               self._learner_state())
-    self.state, self.version = jax.device_get(state), version
-    self.swap(self.state.params, version)
-    return self.versions.get(version)
-
   def info(self) -> dict:
     return dict(version=self.version, learning=True, updating=self.updating,
+                paused=self.paused, anchor=self.anchor,
                 pending=len(self.pending), versions=len(self.versions.versions()),
                 flagged_keys=len(self.consistency.flagged_keys()),   # names: the log, admin
                 counters=dict(self.counters), settings=self.settings.to_dict())
@@ -318,7 +339,8 @@ class OnlineLearner:
     """One guarded update of the serving weights from `chosen` episodes (in the learner
     process); returns {accepted, version, state} (accepted) or {accepted: False, reason}."""
     episodes = process_lib.pack([p.episode for p in chosen])   # off the loop, lock handed over
-    out = self.process.call("step", self.state, episodes, view)
+    anchor = None if self.anchor == self.version else self._anchor_params
+    out = self.process.call("step", self.state, episodes, view, anchor)
     self.counters["updates"] += 1
     feedback = [dict(id=p.rid, key=p.key, score=p.score) for p in chosen]
     new = out["state"]
@@ -327,19 +349,35 @@ class OnlineLearner:
                 canary=out["canary"], step=out["beta"], full_step_kl=out["full_step_kl"])
     if out["reason"] is not None:
       return self._reject(out["reason"], base, out["why"])
+    if self._halt:   # a rollback came while it ran: not committed (the folder is replaced)
+      self.counters["discarded_rollback"] += 1
+      return dict(accepted=False, reason="rollback")
     if out["beta"] < 1.0:
       self.counters["shortened"] += 1
     version = self.versions.next_id()
+    anchor = self._next_anchor(out["canary"], version, new.params)
     self.counters["accepted"] += 1
     # The learner process writes the candidate's checkpoint (orbax is CPU work too); this
     # process commits it in the index.
-    record = versions_lib.stamped(dict(base, version=version))
+    record = versions_lib.stamped(dict(base, version=version, anchor=anchor[0],
+                                       canary=dict(base["canary"], anchor_version=self.anchor)))
     self.process.call("write", str(self.versions.directory / version), record)
     record = self.versions.commit(record, self._learner_state())
     _log.info("router version %s accepted (parent %s, %d feedbacks, KL %.4g, canary %.4f vs "
               "%.4f)", version, self.version, len(chosen), out["kl"], out["canary"]["candidate"],
               out["canary"]["parent"])
-    return dict(accepted=True, version=version, state=new, record=record)
+    return dict(accepted=True, version=version, state=new, record=record,
+                anchor=(anchor[0], None if anchor[0] == version else anchor[1]))
+
+  def _next_anchor(self, canary: dict, version: str, params) -> tuple:
+    """(version, params) of the best of the anchor, the parent and the candidate `version` on
+    this update's canary (the newest on a tie)."""
+    best = (canary["anchor"], self.anchor, self._anchor_params)
+    if canary["parent"] >= best[0]:
+      best = (canary["parent"], self.version, self.state.params)
+    if canary["candidate"] >= best[0]:
+      best = (canary["candidate"], version, params)
+    return best[1:]
 
   def _reject(self, reason: str, base: dict, why: str) -> dict:
     self.counters[f"rejected_{reason}"] += 1
@@ -353,3 +391,4 @@ class OnlineLearner:
     except OSError as e:   # the counters are kept in RAM; the next write records them
       _log.error("learner state not written: %s", e)
     return dict(accepted=False, reason=reason)
+

@@ -10,9 +10,9 @@ decisions the cores first and the server process only sends episodes and receive
 Protocol: the parent writes requests to the child's stdin and reads replies from its stdout,
 each a pickled (op, payload) tuple behind an 8-byte length; the child's own prints and logs go to
 its stderr (the server's log). Ops: init (config, workdir, settings: builds the system and
-GARNet of the served config), warm_up (state, obs, view), step (state, episodes, view: one
-guarded update, online_update.GuardedUpdate.step; the episodes come as `pack`'s list of
-pickles), write (folder, record: the last step's
+GARNet of the served config), warm_up (state, obs, view), step (state, episodes, view and
+the anchor's parameters or None: one guarded update, online_update.GuardedUpdate.step; the
+episodes come as `pack`'s list of pickles), write (folder, record: the last step's
 candidate as a version's checkpoint, versions.write_checkpoint; the server then commits it in
 the index). A reply is ("ok", result) or ("error", the
 child's traceback). The child exits when its stdin closes: when the server closes it, or when
@@ -190,9 +190,9 @@ def main() -> int:
         raise RuntimeError(f"{op!r} before init")
       elif op == "warm_up":
         result = core.warm_up(*payload)
-      elif op == "step":
-        state, episodes, view = payload
-        result = core.step(state, unpack(episodes), view)
+      elif op == "step":   # (state, episodes, view[, anchor params])
+        state, episodes, view, *anchor = payload
+        result = core.step(state, unpack(episodes), view, *anchor)
         last = result["state"]
       elif op == "write":   # the last step's candidate, as an uncommitted version
         if last is None:

@@ -15,6 +15,10 @@ own process (learner_process.py) and, in tests, in the caller's.
   canary   both weights run the canary queries (the first `canary_size` of the simulated test
            split) greedily, scored by the simulator's expected utility minus alpha x cost; a
            candidate worse than the serving weights by more than `canary_margin` is refused.
+           The canary is anchored: the best accepted version so far (the anchor, learner.py)
+           runs the same queries on the same memory and pool, and a candidate worse than it by
+           more than the margin is refused too, so small losses cannot add up version after
+           version.
            The canary follows the pool: its queries meet the pool that the latest of the
            update's served queries met (a served pool event that acts there acts on every
            canary query; gp_jax/sim/events.PoolEvents.at), so after the pool changes a
@@ -119,12 +123,14 @@ class GuardedUpdate:
     self._logits(state.params, batch.transitions["obs"], view)
     self.canary(state.params, view, None)
 
-  def step(self, state: ppo.TrainingState, episodes: list[rollout.Episode], view) -> dict:
+  def step(self, state: ppo.TrainingState, episodes: list[rollout.Episode], view,
+           anchor=None) -> dict:
     """One update of `state` (the serving learner state) from `episodes` over the memory `view`,
     and the guards on it. Returns {state: the candidate's learner state (host arrays), metrics
-    (the PPO update's), seconds, beta (the step kept), full_step_kl, kl, canary (parent and
-    candidate rewards; None when the KL limit refused), reason (None: it may serve; "kl" or
-    "canary"), why}."""
+    (the PPO update's), seconds, beta (the step kept), full_step_kl, kl, canary (parent,
+    candidate and anchor rewards; None when the KL limit refused), reason (None: it may serve;
+    "kl" or "canary"), why}. anchor: the parameters of the best accepted version when it is not
+    the serving one (None: the serving version is the anchor)."""
     t0 = time.perf_counter()
     batch, hist = self._batch(episodes, view)
     start = jax.tree_util.tree_map(jnp.array, state)
@@ -136,7 +142,7 @@ class GuardedUpdate:
     params, beta, full_kl, kl = self.backtrack(state.params, new.params, obs, weights, view)
     new = new.replace(params=params)
     verdict = self.judge(state.params, new.params, obs, weights, view, kl=kl,
-                         pool=self.canary_pool(episodes))
+                         pool=self.canary_pool(episodes), anchor=anchor)
     return dict(verdict, state=new, metrics=metrics, seconds=seconds, beta=beta,
                 full_step_kl=full_kl)
 
@@ -159,12 +165,15 @@ class GuardedUpdate:
     return candidate, beta, full, kl
 
   def judge(self, serving, candidate, obs: dict, weights: np.ndarray, view,
-            kl: float | None = None, pool: sim_events.PoolEvents | None = None) -> dict:
+            kl: float | None = None, pool: sim_events.PoolEvents | None = None,
+            anchor=None) -> dict:
     """The KL and canarys on `candidate` against the `serving` weights: {kl, canary
-    (parent and candidate rewards, the canary's pool events; None when the KL limit already
-    refused), reason (None: the candidate may serve; "kl" or "canary"), why}. obs, weights: the
-    update's decisions; kl: the candidate's KL when already computed (backtrack); pool: the
-    canary's pool events (canary_pool; None: the configured pool)."""
+    (parent, candidate and anchor rewards, the bar the candidate had to reach, the canary's
+    pool events; None when the KL limit already refused), reason (None: the candidate may serve;
+    "kl" or "canary"), why}. obs, weights: the update's decisions; kl: the candidate's KL when
+    already computed (backtrack); pool: the canary's pool events (canary_pool; None: the
+    configured pool); anchor: the best accepted version's parameters (None: `serving` is it).
+    The candidate must reach max(serving, anchor) - canary_margin."""
     s = self.settings
     if kl is None:
       kl = policy_kl(self._logits(serving, obs, view), self._logits(candidate, obs, view),
@@ -173,11 +182,14 @@ class GuardedUpdate:
     if kl > s.max_kl:
       return dict(out, reason="kl", why=f"KL {kl:.4g} > max_kl {s.max_kl:g}")
     old, new = self.canary(serving, view, pool), self.canary(candidate, view, pool)
-    out["canary"] = dict(parent=old, candidate=new, queries=len(self.canary_queries),
+    best = old if anchor is None else self.canary(anchor, view, pool)
+    bar = max(old, best) - s.canary_margin
+    out["canary"] = dict(parent=old, candidate=new, anchor=best, bar=bar,
+                         queries=len(self.canary_queries),
                          pool=[dataclasses.asdict(e) for e in pool.events] if pool else [])
-    if new < old - s.canary_margin:
-      return dict(out, reason="canary", why=f"canary reward {new:.4f} < serving {old:.4f} - "
-                  f"margin {s.canary_margin:g}")
+    if new < bar:
+      return dict(out, reason="canary", why=f"canary reward {new:.4f} < max(serving {old:.4f}, "
+                  f"anchor {best:.4f}) - margin {s.canary_margin:g}")
     return out
 
   def _logits(self, params, obs: dict, view) -> np.ndarray:

@@ -121,6 +121,30 @@ class FileStore:
     """What /v1/memory reports as the store: "file", or "memory" (RAM only)."""
     return "file" if self.memfile else "memory"
 
+  def problem(self) -> str | None:
+    """Why this store cannot keep feedback now, or None when it can (/health says "down" while
+    it cannot): a journal whose failed append could not be undone, or a folder, base, journal
+    or lock file gone or not writable (a removed folder would be made again by the next append,
+    without the base and the earlier records). Names files, never their paths."""
+    with self._mu:
+      if self._broken:
+        return "the memory journal is broken: a failed append could not be undone"
+    folders = {p.parent for p in (self.memory_path, self.routes.path) if p is not None}
+    for folder in sorted(folders):
+      if not folder.is_dir():
+        return f"the served-state folder {folder.name} is gone"
+      if not os.access(folder, os.W_OK | os.X_OK):
+        return f"the served-state folder {folder.name} is not writable"
+      if not (folder / LOCK_NAME).exists():
+        return f"the lock file of {folder.name} is gone (another server could open it)"
+    if self.memfile is not None:
+      if not self.memory_path.exists():
+        return f"the memory base {self.memory_path.name} is gone"
+      journal = self.memfile.journal_path
+      if journal.exists() and not os.access(journal, os.W_OK):
+        return f"the memory journal {journal.name} is not writable"
+    return None
+
   def load(self) -> Restored | None:
     if self.memfile is None:
       return None

@@ -8,6 +8,16 @@ Layout under the served-state folder (next to the memory):
   router_versions/<version>/     gp_jax/rl/checkpoint.Checkpointer folder: step 0 of "latest"
                                  holds the learner's TrainingState (params, optimizer state,
                                  PRNG key, update count) and the provenance as its metadata
+  router_versions/memory/<version>.npz
+                                 the served memory as it was when the version began to serve
+                                 (journal.save_memory's format); a rollback to the version
+                                 serves it again with this memory (the newest MEMORY_KEPT
+                                 versions' and v0's are kept)
+  router_versions/memory/aside-<n>.npz
+                                 the memory as it was just before rollback n: the rows that
+                                 entered after the version rolled back to (the span's feedback)
+                                 are kept here, and rolling forward to a later version serves
+                                 that version's own memory again
 
 The index is the commit point: a version is accepted once its checkpoint is complete (orbax
 writes into a temporary folder and renames it, then the integrity record) and the index naming
@@ -31,9 +41,12 @@ from gp_jax import errors
 from gp_jax import files
 from gp_jax.graph import history as history_lib
 from gp_jax.rl import checkpoint as checkpoint_lib
+from gp_jax.serving.state import journal as journal_lib
 
 INDEX = "index.json"
 FOLDER = "router_versions"
+MEMORY = "memory"     # the versions' memory snapshots and the memories rollbacks set aside
+MEMORY_KEPT = 16      # versions (besides v0) whose memory snapshot is kept, newest first
 _log = logging.getLogger(__name__)
 
 
@@ -87,7 +100,7 @@ class VersionStore:
                   else dict(versions=[], serving=None, learner={}))
     if not isinstance(self.index, dict) or not isinstance(self.index.get("versions"), list):
       raise errors.DataError(f"{path}: not a router versions index")
-    known = {v["version"] for v in self.index["versions"]}
+    known = {v["version"] for v in self.index["versions"]} | {MEMORY}
     for p in self.directory.iterdir():   # versions killed while being written
       if p.is_dir() and p.name not in known:
         _log.warning("removing router version folder %s (not in the index: its write did not "
@@ -164,3 +177,41 @@ class VersionStore:
       raise errors.DataError(f"router version {version} has no checkpoint in "
                              f"{self.directory / version}")
     return out.state
+
+  # ---- the versions' memories ----------------------------------------------------------------
+  def lineage(self, version: str) -> list[str]:
+    """`version` and its ancestors, newest first."""
+    out, v = [], self.get(version)
+    while v is not None and v["version"] not in out:
+      out.append(v["version"])
+      v = self.get(v["parent"]) if v.get("parent") else None
+    return out
+
+  def memory_path(self, name: str) -> pathlib.Path:
+    return self.directory / MEMORY / f"{name}.npz"
+
+  def has_memory(self, version: str) -> bool:
+    return self.memory_path(version).exists()
+
+  def write_memory(self, name: str, snapshot) -> str:
+    """Writes a memory snapshot (ServedMemory.snapshot: rows, hubs, header, seq) durably as
+    memory/<name>.npz; returns that path relative to the versions folder."""
+    rows, hubs, header, seq = snapshot
+    journal_lib.save_memory(self.memory_path(name), rows, hubs, dict(header, seq=int(seq)))
+    self._prune_memories()
+    return f"{MEMORY}/{name}.npz"
+
+  def load_memory(self, version: str):
+    """(rows, hubs, header) of `version`'s memory snapshot; None when it has none (a version
+    from before snapshots, or one whose snapshot was pruned)."""
+    return journal_lib.load_memory(self.memory_path(version), row_dim=self.row_dim,
+                                   num_hubs=self.num_hubs)
+
+  def _prune_memories(self) -> None:
+    """Removes the snapshots of versions older than the newest MEMORY_KEPT (v0's and the
+    serving version's stay; the memories rollbacks set aside stay)."""
+    names = [v["version"] for v in self.index["versions"]]
+    keep = set(names[-MEMORY_KEPT:]) | {"v0", self.serving}
+    for name in names:
+      if name not in keep and self.has_memory(name):
+        self.memory_path(name).unlink(missing_ok=True)
