@@ -424,8 +424,8 @@ def _root_rollout(loop: _Loop, it: int, episodes: list[rollout.Episode]) -> tupl
   """The root advantages of iteration `it`'s first settings.root_rollout episodes from paired
   greedy continuations (gp_jax/rl/root_credit.py; run before the update, with the parameters the
   iteration's rollouts used and the history as they left it, which they do not grow), and their
-  record: root_rollout/split_minus_direct (the
-  mean of R_split - R_direct) and root_rollout/replaced (root advantages replaced)."""
+  record: root_rollout/split_minus_direct (the mean of R_split - R_direct) and
+  root_rollout/replaced (root advantages replaced)."""
   s = loop.settings
   first = episodes[:s.root_rollout]
   r_direct, r_split = aio.run(root_credit.paired_returns(

@@ -319,8 +319,8 @@ class Episode:
   p_planner_root: float = float("nan")
 
   def decision_mask(self, env: env_lib.WorkflowEnv) -> np.ndarray:
-    """The valid actions of the next decision, bool [A]: the env's, restricted to the planners at
-    a planner-first episode's first decision."""
+    """The valid actions of the next decision, bool [A]: the env's, restricted to the actions of
+    role kind `first_kind` at the episode's first decision when it has one."""
     mask = env.mask(self.state)
     if self.first_kind and self.state.steps == 0:
       return mdp.kind_only(mask, env.space, self.first_kind)

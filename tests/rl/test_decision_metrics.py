@@ -65,13 +65,8 @@ def test_entropy_over_the_valid_actions():
 
 def test_episodes_record_their_decisions_and_forced_roots_put_all_on_planners():
   cfg = _config()
-  sysm = system_lib.build(cfg)
-  feat, space = sysm.featurizer, sysm.space
-  model = training.make_model(cfg, feat.spec)
-  params = rl_loop.init_state(model, feat, ppo_config.make_optimizer(cfg), 0).params
-  runner = rollout.PolicyRunner(model, feat.hub_features, 4, featurizer=feat)
-  runner.set_params(params, None)
-  env = sysm.env(cfg.alpha, reward="auto")
+  p = tiny.fresh_policy(cfg)
+  sysm, feat, space, runner, env = p.sysm, p.feat, p.space, p.runner, p.env
   eps = asyncio.run(rollout.run_episodes(
       env, feat, runner, sysm.train_queries[:6], key=jax.random.PRNGKey(3), greedy=False,
       history=None, grow_history=False, seed_salt=("t", 0), planner_first=2))

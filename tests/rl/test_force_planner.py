@@ -10,7 +10,6 @@ import pytest
 
 from gp_jax import errors
 from gp_jax.rl import batch as batch_lib
-from gp_jax.rl import loop as loop_lib
 from gp_jax.rl import ppo
 from gp_jax.rl import rollout
 from gp_jax.runs import ppo_config
@@ -32,13 +31,9 @@ def _kinds(space, actions):
 
 def test_forced_episodes_start_with_a_planner_under_the_mask_the_update_reads():
   cfg = _config()
-  sysm = system_lib.build(cfg)
-  feat, space = sysm.featurizer, sysm.space
-  model = training.make_model(cfg, feat.spec)
-  params = loop_lib.init_state(model, feat, ppo_config.make_optimizer(cfg), 0).params
-  runner = rollout.PolicyRunner(model, feat.hub_features, 4, featurizer=feat)
-  runner.set_params(params, None)
-  env = sysm.env(cfg.alpha, reward="auto")
+  p = tiny.fresh_policy(cfg)
+  sysm, feat, space, model, params, runner, env = (p.sysm, p.feat, p.space, p.model, p.params,
+                                                   p.runner, p.env)
   queries = sysm.train_queries[:6]
 
   def run(**kw):

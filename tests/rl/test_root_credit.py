@@ -10,11 +10,9 @@ import pytest
 
 from gp_jax import errors
 from gp_jax.rl import batch as batch_lib
-from gp_jax.rl import loop as loop_lib
 from gp_jax.rl import root_credit
 from gp_jax.rl import rollout
 from gp_jax.runs import ppo_config
-from gp_jax.runs import system as system_lib
 from gp_jax.runs import train as training
 from tests.util import tiny
 
@@ -24,15 +22,9 @@ FLOOR = 0.3
 @pytest.fixture(scope="module")
 def setup():
   cfg = tiny.tiny_config(episodes=24)
-  sysm = system_lib.build(cfg)
-  feat = sysm.featurizer
-  model = training.make_model(cfg, feat.spec)
-  params = loop_lib.init_state(model, feat, ppo_config.make_optimizer(cfg), 0).params
-  runner = rollout.PolicyRunner(model, feat.hub_features, 4, featurizer=feat)
-  runner.set_params(params, None)
-  env = sysm.env(cfg.alpha, reward="auto")
-  return dict(cfg=cfg, sysm=sysm, feat=feat, runner=runner, env=env, space=sysm.space,
-              queries=sysm.train_queries[:12])
+  p = tiny.fresh_policy(cfg)
+  return dict(cfg=cfg, sysm=p.sysm, feat=p.feat, runner=p.runner, env=p.env, space=p.space,
+              queries=p.sysm.train_queries[:12])
 
 
 def _run(s, greedy=False, **kw):

@@ -391,4 +391,3 @@ class OnlineLearner(rollback_lib.Rollbacks):
     except OSError as e:   # the counters are kept in RAM; the next write records them
       _log.error("learner state not written: %s", e)
     return dict(accepted=False, reason=reason)
-
